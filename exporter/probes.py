@@ -1,0 +1,57 @@
+"""Probes of one llama-server: the poll (/health, /props, /slots) and the canary; they know no metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.canary import STREAMING, Verdict, classify, request_for, tokens_from_events, tokens_from_response
+from exporter.fetch import Fetcher
+from exporter.llama import Props, Slots, model_names, parse_props, parse_slots
+from exporter.reasons import ProbeFailure, Reason
+from exporter.settings import Endpoint, ServerConfig
+
+
+@dataclass(frozen=True)
+class PollResult:
+    props: Props
+    slots: Slots | None
+    """None when the server has /slots switched off: speculation is then unknown, not off."""
+
+
+def auth_headers(server: ServerConfig) -> dict[str, str]:
+    key = server.api_key
+    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+
+
+def _model_query(server: ServerConfig) -> str:
+    from urllib.parse import quote
+
+    return f"?model={quote(server.model, safe='')}" if server.model else ""
+
+
+async def poll(fetcher: Fetcher, server: ServerConfig, *, timeout: float) -> PollResult:
+    headers = auth_headers(server)
+    await fetcher.get_json(f"{server.url}/health", headers=headers, timeout=timeout)
+    raw_props = await fetcher.get_json(f"{server.url}/props{_model_query(server)}", headers=headers, timeout=timeout)
+    props = parse_props(raw_props)
+    if server.model and server.model not in model_names(raw_props):
+        raise ProbeFailure(Reason.MODEL_MISMATCH, f"configured model {server.model!r}, server runs {props.model!r}")
+    try:
+        raw_slots = await fetcher.get_json(f"{server.url}/slots{_model_query(server)}", headers=headers, timeout=timeout)
+    except ProbeFailure as failure:
+        if failure.reason is Reason.NOT_SUPPORTED:
+            return PollResult(props=props, slots=None)
+        raise
+    return PollResult(props=props, slots=parse_slots(raw_slots))
+
+
+async def canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Verdict:
+    path, body = request_for(endpoint, tokens=tokens, model=server.model)
+    url, headers = f"{server.url}{path}", auth_headers(server)
+    if endpoint in STREAMING:
+        events = await fetcher.post_events(url, body, headers=headers, timeout=timeout)
+        found, timings = tokens_from_events(endpoint, events)
+    else:
+        answer = await fetcher.post_json(url, body, headers=headers, timeout=timeout)
+        found, timings = tokens_from_response(endpoint, answer)
+    return classify(found, timings)

@@ -1,0 +1,42 @@
+"""Shared fixtures: fake fleets over httpx.MockTransport."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from exporter.fetch import Fetcher
+from exporter.settings import Settings
+from exporter.state import Fleet
+from exporter.watch import Watcher
+from tests.fakes import FakeLlama, fleet_transport
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_watcher(clock: FakeClock):
+    clients: list[httpx.AsyncClient] = []
+
+    def build(fakes: dict[str, FakeLlama], **settings_kw: object) -> Watcher:
+        servers = settings_kw.pop("servers", None) or [{"name": host, "url": f"http://{host}:8080"} for host in fakes]
+        settings = Settings(servers=servers, **settings_kw)
+        client = httpx.AsyncClient(transport=fleet_transport(fakes))
+        clients.append(client)
+        return Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes), clock=clock)
+
+    yield build

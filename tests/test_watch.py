@@ -1,0 +1,144 @@
+"""The watcher and collector together: probes against fake servers, then the /metrics exposition."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import ExporterStatus, SpecwatchCollector
+from exporter.reasons import Reason
+from tests.fakes import FakeLlama
+
+
+def _samples(watcher) -> dict[tuple[str, tuple], float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1.0)))
+    text = generate_latest(registry).decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+async def test_plain_and_speculating_servers_side_by_side(make_watcher) -> None:
+    watcher = make_watcher({"plain": FakeLlama.plain(), "draft": FakeLlama.draft()})
+    await asyncio.gather(*(watcher.poll(n) for n in ("plain", "draft")), *(watcher.canary(n) for n in ("plain", "draft")))
+    s = _samples(watcher)
+    assert value(s, "specwatch_up", server="plain") == 1
+    assert value(s, "specwatch_speculation_enabled", server="draft", source="slots") == 1
+    assert value(s, "specwatch_speculation_enabled", server="draft", source="props") == 0
+    assert value(s, "specwatch_speculation_contradiction", server="draft") == 1
+    assert value(s, "specwatch_speculation_contradiction", server="plain") == 0
+    assert value(s, "specwatch_serving_placeholders", server="draft") == 1
+    assert value(s, "specwatch_serving_placeholders", server="plain") == 0
+    for endpoint in ("chat", "chat_stream", "completion", "completion_stream", "completion_post_sampling"):
+        assert value(s, "specwatch_canary_placeholder_ratio", server="draft", endpoint=endpoint) == 1.0
+        assert value(s, "specwatch_canary_placeholder_ratio", server="plain", endpoint=endpoint) == 0.0
+        assert value(s, "specwatch_canary_success", server="plain", endpoint=endpoint) == 1
+        assert value(s, "specwatch_canary_tokens", server="draft", endpoint=endpoint) == 32
+    assert value(s, "specwatch_canary_last_success_timestamp_seconds", server="plain", endpoint="chat") == 1_700_000_000.0
+    assert value(s, "specwatch_server_info", server="plain", build="b0-unknown", model="tiny.gguf") == 1
+
+
+async def test_static_labels_ride_on_every_series(make_watcher) -> None:
+    watcher = make_watcher({"a": FakeLlama.plain()}, servers=[{"name": "a", "url": "http://a:1", "labels": {"pool": "eval"}}])
+    await watcher.poll("a")
+    assert value(_samples(watcher), "specwatch_up", server="a", pool="eval") == 1
+
+
+async def test_slots_disabled_is_unknown_not_off(make_watcher) -> None:
+    watcher = make_watcher({"a": FakeLlama.plain(slots_enabled=False)})
+    await watcher.poll("a")
+    s = _samples(watcher)
+    assert value(s, "specwatch_up", server="a") == 1
+    assert value(s, "specwatch_speculation_enabled", server="a", source="slots") is None
+    assert value(s, "specwatch_speculation_contradiction", server="a") is None
+    assert value(s, "specwatch_speculation_enabled", server="a", source="props") == 0
+
+
+async def test_api_key_is_sent_as_bearer(make_watcher, tmp_path) -> None:
+    key = tmp_path / "key"
+    key.write_text("s3cret-key\n")
+    fake = FakeLlama.plain(api_key="s3cret-key")
+    watcher = make_watcher({"a": fake}, servers=[{"name": "a", "url": "http://a:1", "api_key_file": str(key)}])
+    await watcher.poll("a")
+    assert value(_samples(watcher), "specwatch_up", server="a") == 1
+    assert fake.requests[-1].headers["authorization"] == "Bearer s3cret-key"
+
+
+async def test_wrong_key_is_unauthorized_and_marks_data_unknown(make_watcher) -> None:
+    watcher = make_watcher({"a": FakeLlama.plain(api_key="other")})
+    await watcher.poll("a")
+    s = _samples(watcher)
+    assert value(s, "specwatch_up", server="a") == 0
+    assert value(s, "specwatch_poll_failures_total", server="a", reason="unauthorized") == 1
+    assert value(s, "specwatch_speculation_enabled", server="a", source="props") is None
+
+
+async def test_a_dead_server_does_not_touch_its_neighbour(make_watcher) -> None:
+    watcher = make_watcher({"ok": FakeLlama.draft()},
+                           servers=[{"name": "ok", "url": "http://ok:1"}, {"name": "dead", "url": "http://dead:1"}])
+    await asyncio.gather(watcher.poll("ok"), watcher.poll("dead"), watcher.canary("ok"), watcher.canary("dead"))
+    s = _samples(watcher)
+    assert value(s, "specwatch_up", server="dead") == 0
+    assert value(s, "specwatch_poll_failures_total", server="dead", reason="connection_refused") == 1
+    assert value(s, "specwatch_canary_failures_total", server="dead", endpoint="chat", reason="connection_refused") == 1
+    assert value(s, "specwatch_up", server="ok") == 1
+    assert value(s, "specwatch_serving_placeholders", server="ok") == 1
+
+
+async def test_a_failed_canary_keeps_the_cached_verdict_and_its_age(make_watcher, clock) -> None:
+    fake = FakeLlama.draft()
+    watcher = make_watcher({"a": fake}, canary_endpoints=["chat"])
+    await watcher.canary("a")
+    clock.advance(60)
+    fake.api_key = "now-protected"
+    await watcher.canary("a")
+    s = _samples(watcher)
+    assert value(s, "specwatch_canary_success", server="a", endpoint="chat") == 0
+    assert value(s, "specwatch_canary_placeholder_ratio", server="a", endpoint="chat") == 1.0
+    assert value(s, "specwatch_canary_last_success_timestamp_seconds", server="a", endpoint="chat") == 1_700_000_000.0
+    assert watcher.fleet.get("a").canaries["chat"].failure_reason is Reason.UNAUTHORIZED
+
+
+async def test_a_canary_in_flight_is_not_started_again(make_watcher) -> None:
+    gate = asyncio.Event()
+    calls = 0
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return FakeLlama.plain()(request)
+
+    watcher = make_watcher({}, servers=[{"name": "slow", "url": "http://slow:1"}], canary_endpoints=["chat"])
+    watcher.fetcher.client = httpx.AsyncClient(transport=httpx.MockTransport(slow))
+    first = asyncio.create_task(watcher.canary("slow"))
+    await asyncio.sleep(0.05)
+    await watcher.canary("slow")  # returns at once: the first is still in flight
+    assert calls == 1
+    gate.set()
+    await first
+    await watcher.canary("slow")
+    assert calls == 2
+
+
+async def test_removed_servers_vanish_and_added_ones_appear(make_watcher) -> None:
+    watcher = make_watcher({"a": FakeLlama.plain(), "b": FakeLlama.plain()})
+    await asyncio.gather(watcher.poll("a"), watcher.poll("b"))
+    from exporter.settings import Settings
+
+    new = Settings(servers=[{"name": "b", "url": "http://b:8080"}, {"name": "c", "url": "http://c:8080"}])
+    watcher.apply(new, list(new.servers))
+    s = _samples(watcher)
+    assert value(s, "specwatch_up", server="a") is None
+    assert value(s, "specwatch_up", server="b") == 1
+    assert value(s, "specwatch_servers") == 2
