@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import httpx
+
 from exporter import probes
 from exporter.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
@@ -75,11 +77,17 @@ def decide(report: CheckReport) -> CheckReport:
 
 
 async def run_check(
-    server: ServerConfig, *, endpoints: list[Endpoint], tokens: int, timeout: float, max_bytes: int = 4 * 1024 * 1024
+    server: ServerConfig,
+    *,
+    endpoints: list[Endpoint],
+    tokens: int,
+    timeout: float,
+    max_bytes: int = 4 * 1024 * 1024,
+    client: httpx.AsyncClient | None = None,
 ) -> CheckReport:
     report = CheckReport(url=server.url, verdict="", exit_code=0, summary="")
-    async with new_client(4) as client:
-        fetcher = Fetcher(client, max_bytes)
+    async with client or new_client(4) as http:
+        fetcher = Fetcher(http, max_bytes)
         try:
             polled = await probes.poll(fetcher, server, timeout=timeout)
         except ProbeFailure as failure:

@@ -71,6 +71,8 @@ class Watcher:
                 log.warning("poll_failed", server=name, reason=reason.value, detail=detail, duration=round(duration, 4))
             else:
                 log.debug("poll_ok", server=name, duration=round(duration, 4))
+        except asyncio.CancelledError:
+            log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard((name, "poll"))
 
@@ -100,6 +102,8 @@ class Watcher:
                     )
                 else:
                     log.debug("canary_ok", server=name, endpoint=endpoint.value, duration=round(duration, 4))
+        except asyncio.CancelledError:
+            log.debug("canary_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard((name, "canary"))
 
