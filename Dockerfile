@@ -1,0 +1,20 @@
+# syntax=docker/dockerfile:1
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY exporter ./exporter
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim-bookworm
+LABEL org.opencontainers.image.title="specwatch" \
+      org.opencontainers.image.description="Prometheus exporter that catches llama-server fleets serving fill-in logprobs"
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links=/wheels /wheels/specwatch-*.whl \
+    && rm -rf /wheels \
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin specwatch
+USER 10001:10001
+ENV PYTHONUNBUFFERED=1
+EXPOSE 9824
+HEALTHCHECK --interval=30s --timeout=3s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9824/-/healthy', timeout=2)"]
+ENTRYPOINT ["specwatch", "run"]
+CMD ["--listen", ":9824"]

@@ -1,0 +1,86 @@
+"""The /metrics exposition: a golden file, promtool's lint, and the served endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporter.collector import ExporterStatus, SpecwatchCollector
+from exporter.fetch import Fetcher
+from exporter.settings import Settings
+from exporter.state import Fleet
+from exporter.watch import Watcher
+from exporter.web import WebApp
+from tests.fakes import FakeLlama, fleet_transport
+
+GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
+
+
+async def _exposition() -> str:
+    fakes = {"plain": FakeLlama.plain(tokens=8), "draft": FakeLlama.draft(tokens=8), "locked": FakeLlama.plain(api_key="k")}
+    settings = Settings(servers=[
+        {"name": "plain", "url": "http://plain:8080", "labels": {"pool": "eval"}},
+        {"name": "draft", "url": "http://draft:8080", "labels": {"pool": "serve"}},
+        {"name": "locked", "url": "http://locked:8080"},
+    ], canary_endpoints=["chat", "completion_stream"])
+    ticks = itertools.count()
+    client = httpx.AsyncClient(transport=fleet_transport(fakes))
+    watcher = Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes),
+                      clock=lambda: 1_700_000_000.0, monotonic=lambda: next(ticks) * 0.25)
+    for name in ("plain", "draft", "locked"):
+        await watcher.poll(name)
+        await watcher.canary(name)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0)))
+    return generate_latest(registry).decode()
+
+
+def test_exposition_matches_the_golden_file() -> None:
+    text = asyncio.run(_exposition())
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "exposition changed; rerun with UPDATE_GOLDEN=1 if intended and review the diff"
+
+
+def test_golden_file_passes_promtool_lint() -> None:
+    result = subprocess.run(["promtool", "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_no_sample_carries_a_timestamp() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = [s for f in text_string_to_metric_families(GOLDEN.read_text()) for s in f.samples]
+    assert len(samples) > 50
+    assert all(s.timestamp is None for s in samples)
+
+
+def test_endpoint_serves_metrics_landing_page_and_health() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecwatchCollector(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0)))
+    from exporter.web import ServerLink
+
+    reloads = []
+    app = WebApp(registry, servers=lambda: [ServerLink("a<b>", "http://h:1")], reload=lambda: reloads.append(1) or None)
+    host, port = app.start("127.0.0.1", 0)
+    try:
+        base = f"http://{host}:{port}"
+        metrics = httpx.get(f"{base}/metrics")
+        assert metrics.status_code == 200 and "specwatch_build_info{" in metrics.text
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+        om = httpx.get(f"{base}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.text.rstrip().endswith("# EOF")
+        landing = httpx.get(f"{base}/")
+        assert 'href="metrics"' in landing.text and "a&lt;b&gt;" in landing.text and "<b>" not in landing.text
+        assert httpx.get(f"{base}/-/healthy").text == "OK\n"
+        assert httpx.get(f"{base}/nope").status_code == 404
+        assert httpx.get(f"{base}/-/reload").status_code == 405
+        assert httpx.post(f"{base}/-/reload").status_code == 200 and reloads == [1]
+    finally:
+        app.stop()
