@@ -14,6 +14,9 @@ from exporter.reasons import ProbeFailure
 from exporter.settings import Endpoint, ServerConfig
 
 
+ROUNDS = 2
+
+
 class Exit(IntEnum):
     CLEAN = 0
     FAKE = 1
@@ -97,19 +100,28 @@ async def run_check(
         report.speculation_props = polled.props.speculative
         report.speculation_slots = polled.slots.speculative if polled.slots else None
         report.build, report.model = polled.props.build, polled.props.model
-        for endpoint in endpoints:
-            entry = EndpointReport(endpoint=endpoint.value)
-            try:
-                verdict = await probes.canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
-            except ProbeFailure as failure:
-                entry.error = str(failure)
-            else:
-                entry.tokens, entry.placeholder_tokens = verdict.tokens, verdict.placeholders
-                entry.placeholder_ratio = round(verdict.placeholder_ratio, 4)
-                entry.mean_logprob = None if verdict.mean_logprob is None else round(verdict.mean_logprob, 4)
-                entry.draft_n = verdict.draft_n
-            report.endpoints.append(entry)
+        for attempt in range(ROUNDS):
+            report.endpoints = [await _probe(fetcher, server, e, tokens=tokens, timeout=timeout) for e in endpoints]
+            nothing_drafted = not any(e.draft_n or e.placeholder_tokens for e in report.endpoints)
+            # n-gram speculation learns from earlier requests: a server that speculates but has not
+            # drafted yet often drafts on a second round once it has seen the canary text.
+            if not (report.speculation_slots and nothing_drafted) or attempt + 1 == ROUNDS:
+                break
     return decide(report)
+
+
+async def _probe(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> EndpointReport:
+    entry = EndpointReport(endpoint=endpoint.value)
+    try:
+        verdict = await probes.canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
+    except ProbeFailure as failure:
+        entry.error = str(failure)
+    else:
+        entry.tokens, entry.placeholder_tokens = verdict.tokens, verdict.placeholders
+        entry.placeholder_ratio = round(verdict.placeholder_ratio, 4)
+        entry.mean_logprob = None if verdict.mean_logprob is None else round(verdict.mean_logprob, 4)
+        entry.draft_n = verdict.draft_n
+    return entry
 
 
 def render_text(report: CheckReport) -> str:

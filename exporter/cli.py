@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
         help="endpoint to check (repeatable; default: all)",
     )
-    check.add_argument("--tokens", type=int, default=32, help="tokens per canary (default 32)")
+    check.add_argument("--tokens", type=int, default=48, help="tokens per canary (default 48)")
     check.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
 

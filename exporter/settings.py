@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     canary_interval: Duration = 60.0
     poll_timeout: Duration = 5.0
     canary_timeout: Duration = 30.0
-    canary_tokens: int = Field(default=32, ge=4, le=512)
+    canary_tokens: int = Field(default=48, ge=4, le=512)
     canary_endpoints: list[Endpoint] = Field(default_factory=lambda: list(Endpoint))
     max_concurrency: int = Field(default=64, ge=1, le=10_000)
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)

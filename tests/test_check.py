@@ -32,9 +32,17 @@ async def test_draft_server_serves_fill_ins() -> None:
     assert "do not score" in report.summary
 
 
-async def test_speculating_server_that_never_drafted_is_unproven() -> None:
-    report = await _check(FakeLlama(speculative=True, drafts=0))
+async def test_speculating_server_that_never_drafted_is_unproven_after_a_second_round() -> None:
+    fake = FakeLlama(speculative=True, drafts=0)
+    report = await _check(fake)
     assert (report.verdict, report.exit_code) == ("unproven", Exit.FAKE)
+    assert sum(r.method == "POST" for r in fake.requests) == 2 * len(Endpoint)
+
+
+async def test_a_plain_server_gets_one_round() -> None:
+    fake = FakeLlama.plain()
+    await _check(fake)
+    assert sum(r.method == "POST" for r in fake.requests) == len(Endpoint)
 
 
 async def test_speculating_server_without_draft_timings_is_unproven() -> None:

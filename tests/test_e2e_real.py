@@ -1,0 +1,196 @@
+"""End to end on real llama-servers: `specwatch run` and `specwatch check` give the right verdict per kind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.llamaserver import LlamaServer, free_port
+from exporter.tinymodel import write_cycle_model
+
+pytestmark = pytest.mark.real
+
+API_KEY = "sk-e2e-test-key-4711"
+ENDPOINTS = ("chat", "chat_stream", "completion", "completion_stream", "completion_post_sampling")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def model(workdir: Path) -> Path:
+    return write_cycle_model(workdir / "cycle.gguf")
+
+
+@pytest.fixture(scope="module")
+def servers(model: Path, workdir: Path) -> Iterator[dict[str, LlamaServer]]:
+    kinds = {
+        "plain": ("plain", []),
+        "draft": ("draft", []),
+        "ngram": ("ngram", []),
+        "locked": ("plain", ["--api-key", API_KEY]),
+        "noslots": ("draft", ["--no-slots"]),
+    }
+    started: dict[str, LlamaServer] = {}
+    try:
+        for name, (kind, extra) in kinds.items():
+            started[name] = LlamaServer.of_kind(kind, model, extra, log_dir=workdir).start()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def key_file(workdir: Path) -> Path:
+    path = workdir / "key"
+    path.write_text(API_KEY + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: Path) -> Iterator[tuple[str, Path]]:
+    config = workdir / "specwatch.yml"
+    lines = ["servers:"]
+    for name, server in servers.items():
+        lines.append(f"  - {{name: {name}, url: '{server.url}', labels: {{kind: {name}}}"
+                     + (f", api_key_file: '{key_file}'" if name == "locked" else "") + "}")
+    lines.append("poll_interval: 1s\npoll_timeout: 900ms\ncanary_interval: 3s\ncanary_timeout: 20s\n")
+    config.write_text("\n".join(lines))
+    port = free_port()
+    log = workdir / "specwatch.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "run", "--config", str(config), "--listen", f"127.0.0.1:{port}",
+             "--log-level", "debug"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        yield f"http://127.0.0.1:{port}/metrics", log
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _samples(url: str) -> dict[tuple[str, frozenset], float]:
+    text = httpx.get(url, timeout=5).text
+    return {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _value(samples: dict, name: str, **labels: str) -> float | None:
+    wanted = set(labels.items())
+    matches = [v for (n, found), v in samples.items() if n == name and wanted <= found]
+    assert len(matches) <= 1, (name, labels, matches)
+    return matches[0] if matches else None
+
+
+def _wait(url: str, ready, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    samples: dict = {}
+    while time.monotonic() < deadline:
+        try:
+            samples = _samples(url)
+        except httpx.HTTPError:
+            samples = {}
+        if samples and ready(samples):
+            return samples
+        time.sleep(0.5)
+    raise AssertionError(f"condition not met within {timeout}s; last scrape: {sorted(samples)[:40]}")
+
+
+def test_exporter_tells_each_kind_of_server_apart(exporter_metrics: tuple[str, Path]) -> None:
+    url, log = exporter_metrics
+    names = ("plain", "draft", "ngram", "locked", "noslots")
+    # n-gram speculation learns from earlier requests; give it a few canary rounds to start drafting.
+    samples = _wait(url, lambda s: all(_value(s, "specwatch_serving_placeholders", server=n) is not None for n in names)
+                    and _value(s, "specwatch_serving_placeholders", server="ngram") == 1)
+
+    for name in names:
+        assert _value(samples, "specwatch_up", server=name) == 1, (name, log.read_text()[-2000:])
+        for endpoint in ENDPOINTS:
+            assert _value(samples, "specwatch_canary_success", server=name, endpoint=endpoint) == 1, (name, endpoint)
+
+    # /props says "none" for every server; /slots tells the truth.
+    for name in names:
+        assert _value(samples, "specwatch_speculation_enabled", server=name, source="props") == 0
+    assert _value(samples, "specwatch_speculation_enabled", server="plain", source="slots") == 0
+    assert _value(samples, "specwatch_speculation_enabled", server="draft", source="slots") == 1
+    assert _value(samples, "specwatch_speculation_enabled", server="ngram", source="slots") == 1
+    assert _value(samples, "specwatch_speculation_contradiction", server="draft") == 1
+    assert _value(samples, "specwatch_speculation_contradiction", server="plain") == 0
+    # --no-slots: speculation unknown, not off; the canary still catches the fill-ins.
+    assert _value(samples, "specwatch_speculation_enabled", server="noslots", source="slots") is None
+    assert _value(samples, "specwatch_speculation_contradiction", server="noslots") is None
+
+    for endpoint in ENDPOINTS:
+        tokens = _value(samples, "specwatch_canary_tokens", server="draft", endpoint=endpoint)
+        assert tokens == 48
+        assert _value(samples, "specwatch_canary_placeholder_tokens", server="draft", endpoint=endpoint) == tokens - 1
+        assert _value(samples, "specwatch_canary_placeholder_ratio", server="draft", endpoint=endpoint) == 1.0
+        assert _value(samples, "specwatch_canary_placeholder_ratio", server="noslots", endpoint=endpoint) == 1.0
+        for clean in ("plain", "locked"):
+            assert _value(samples, "specwatch_canary_placeholder_tokens", server=clean, endpoint=endpoint) == 0
+    assert _value(samples, "specwatch_serving_placeholders", server="draft") == 1
+    assert _value(samples, "specwatch_serving_placeholders", server="plain") == 0
+    assert _value(samples, "specwatch_serving_placeholders", server="locked") == 0
+    # Real tokens score about -0.33 on this model; fill-ins drag a non-streaming mean toward zero.
+    assert _value(samples, "specwatch_canary_mean_logprob", server="plain", endpoint="chat") < -0.2
+    assert _value(samples, "specwatch_canary_mean_logprob", server="draft", endpoint="chat") > -0.05
+    assert _value(samples, "specwatch_server_info", server="plain", build="b0-unknown") == 1
+
+
+def test_plain_server_never_shows_a_fill_in(exporter_metrics: tuple[str, Path]) -> None:
+    url, _ = exporter_metrics
+    seen = 0
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        samples = _samples(url)
+        for endpoint in ENDPOINTS:
+            value = _value(samples, "specwatch_canary_placeholder_tokens", server="plain", endpoint=endpoint)
+            if value is not None:
+                seen += 1
+                assert value == 0
+        time.sleep(1)
+    assert seen >= 5 * len(ENDPOINTS)
+
+
+def _check(*args: str) -> tuple[int, dict]:
+    result = subprocess.run([sys.executable, "-m", "exporter", "check", *args, "--json"], capture_output=True, text=True,
+                            timeout=120)
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_check_verdicts(servers: dict[str, LlamaServer], key_file: Path) -> None:
+    code, report = _check(servers["plain"].url)
+    assert (code, report["verdict"]) == (0, "clean")
+    assert all(e["placeholder_tokens"] == 0 and e["tokens"] == 48 for e in report["endpoints"])
+
+    code, report = _check(servers["draft"].url)
+    assert (code, report["verdict"]) == (1, "fill_ins")
+    assert all(e["placeholder_tokens"] == 47 for e in report["endpoints"])
+
+    code, report = _check(servers["ngram"].url)
+    assert code == 1 and report["verdict"] in ("fill_ins", "unproven")
+
+    code, report = _check(servers["locked"].url)
+    assert (code, report["verdict"]) == (2, "unchecked") and "unauthorized" in report["summary"]
+    code, report = _check(servers["locked"].url, "--api-key-file", str(key_file))
+    assert (code, report["verdict"]) == (0, "clean")
+
+    code, report = _check(servers["noslots"].url)
+    assert (code, report["verdict"], report["speculation_slots"]) == (1, "fill_ins", None)
+
+
+def test_check_refuses_an_unreachable_server() -> None:
+    code, report = _check(f"http://127.0.0.1:{free_port()}")
+    assert (code, report["verdict"]) == (2, "unchecked") and "connection_refused" in report["summary"]
