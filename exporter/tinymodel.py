@@ -1,0 +1,178 @@
+"""Write a tiny llama GGUF model that repeats a fixed cycle of words forever."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Sequence
+
+DEFAULT_CYCLE_WORDS: tuple[str, ...] = ("the", "cat", "sat", "on", "a", "mat")
+DEFAULT_EXTRA_WORDS: tuple[str, ...] = (
+    "dog", "ran", "hello", "world", "is", "it", "in", "and", "big", "red",
+    "say", "what", "word", "next", "tell", "me", "story",
+)
+
+# ChatML, written out as expressions so no jinja whitespace control is needed.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_SPACE = "\u2581"  # SentencePiece's word-boundary marker
+
+
+def cycle_text(cycle_words: Sequence[str] = DEFAULT_CYCLE_WORDS, repeats: int = 1) -> str:
+    """The text the model generates for one or more turns of the cycle."""
+    return "".join(" " + w for w in cycle_words) * repeats
+
+
+def write_cycle_model(
+    path: pathlib.Path,
+    *,
+    cycle_words: Sequence[str] = DEFAULT_CYCLE_WORDS,
+    extra_words: Sequence[str] = DEFAULT_EXTRA_WORDS,
+    p_next: float = 0.7,
+    p_alternatives: Sequence[float] = (0.02, 0.01),
+    n_layer: int = 1,
+    n_ctx_train: int = 2048,
+    n_ff: int = 32,
+    head_dim: int = 64,
+    name: str = "specwatch-cycle",
+) -> pathlib.Path:
+    """Write the model to ``path`` and return ``path``.
+
+    Whatever the context, the next token is the successor of the last token in
+    ``cycle_words`` (tokens outside the cycle lead to its first word), with
+    probability ``p_next``. The words two, three, ... steps ahead get
+    ``p_alternatives``, so logprob requests have real alternatives to report;
+    the rest of the mass is spread evenly over the vocabulary.
+    """
+    import gguf  # optional dependency: only test and demo set-ups need it
+    import numpy as np
+
+    path = pathlib.Path(path)
+    cycle = [str(w) for w in cycle_words]
+    # Attention is zeroed, so the last token alone decides the next one: a
+    # repeated word would have two successors and break the cycle.
+    if len(cycle) < 2 or len(set(cycle)) != len(cycle):
+        raise ValueError("cycle_words needs at least two distinct words")
+    if any(not w or _SPACE in w or any(c.isspace() for c in w) for w in cycle):
+        raise ValueError("cycle words must be non-empty and contain no whitespace")
+    alternatives = [float(p) for p in p_alternatives][: len(cycle) - 1]
+    if not 0.0 < p_next < 1.0 or any(p <= 0.0 for p in alternatives) or p_next + sum(alternatives) >= 1.0:
+        raise ValueError("p_next and p_alternatives must be positive and sum to less than 1")
+
+    tokens: list[str] = []
+    types: list[int] = []
+    scores: list[float] = []
+    index: dict[str, int] = {}
+
+    def add(text: str, ttype: int, score: float = 0.0) -> int:
+        if text in index:
+            return index[text]
+        index[text] = len(tokens)
+        tokens.append(text)
+        types.append(ttype)
+        scores.append(score)
+        return index[text]
+
+    tt = gguf.TokenType
+    unk = add("<unk>", tt.UNKNOWN)
+    bos = add("<s>", tt.CONTROL)
+    eos = add("</s>", tt.CONTROL)
+    add("<|im_start|>", tt.CONTROL)
+    im_end = add("<|im_end|>", tt.CONTROL)
+    for b in range(256):
+        add(f"<0x{b:02X}>", tt.BYTE)
+    for ch in _SPACE + "abcdefghijklmnopqrstuvwxyz":
+        add(ch, tt.NORMAL, -100.0)
+    # SPM merges two adjacent pieces only when their concatenation is itself a
+    # token, so every prefix of "▁word" must exist for the whole word to form.
+    for word in [*cycle, *extra_words]:
+        piece = _SPACE + word
+        for end in range(2, len(piece) + 1):
+            add(piece[:end], tt.NORMAL, -float(len(piece) - end))
+
+    n_vocab = len(tokens)
+    # One-hot embeddings need a dimension per token; round up to whole heads.
+    n_head = max(1, math.ceil(n_vocab / head_dim))
+    n_embd = n_head * head_dim
+    n_head_kv = 1
+    eps = 1e-5
+
+    cycle_ids = [index[_SPACE + w] for w in cycle]
+    position = dict.fromkeys(range(n_vocab), -1)  # outside the cycle: as if before its first word
+    position.update({t: i for i, t in enumerate(cycle_ids)})
+    end_ids = [eos, im_end]  # end-of-generation tokens must never win
+
+    # With zero attention/FFN the final RMS norm sees a one-hot vector and
+    # scales its single entry to 1/sqrt(1/n_embd + eps); fold that into the
+    # output weights so logits come out exactly as chosen here.
+    norm_gain = 1.0 / math.sqrt(1.0 / n_embd + eps)
+    # Tokens not favoured keep logit 0 and share the leftover mass, which fixes
+    # the partition function; each favoured token's logit follows from it.
+    # Default sampling (min_p 0.05) still keeps only the successor, so even
+    # temperature 1 repeats the cycle.
+    probs = [p_next, *alternatives]
+    n_rest = n_vocab - len(probs) - len(end_ids)
+    partition = n_rest / (1.0 - sum(probs))
+    logits = [math.log(p * partition) for p in probs]
+    end_logit = -2.0 * logits[0]
+
+    token_embd = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    token_embd[np.arange(n_vocab), np.arange(n_vocab)] = 1.0
+    output = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    for t, pos in position.items():
+        for step, logit in enumerate(logits, start=1):
+            output[cycle_ids[(pos + step) % len(cycle_ids)], t] = logit / norm_gain
+    for e in end_ids:
+        output[e, :n_vocab] = end_logit / norm_gain
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_vocab_size(n_vocab)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_unk_token_id(unk)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(True)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    ones = np.ones(n_embd, dtype=np.float32)
+    w.add_tensor("token_embd.weight", token_embd)
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", output)
+    kv_dim = n_head_kv * head_dim
+    for i in range(n_layer):
+        blk = f"blk.{i}"
+        w.add_tensor(f"{blk}.attn_norm.weight", ones)
+        w.add_tensor(f"{blk}.attn_q.weight", np.zeros((n_embd, n_embd), np.float32))
+        w.add_tensor(f"{blk}.attn_k.weight", np.zeros((kv_dim, n_embd), np.float32))
+        w.add_tensor(f"{blk}.attn_v.weight", np.zeros((kv_dim, n_embd), np.float32))
+        w.add_tensor(f"{blk}.attn_output.weight", np.zeros((n_embd, n_embd), np.float32))
+        w.add_tensor(f"{blk}.ffn_norm.weight", ones)
+        w.add_tensor(f"{blk}.ffn_gate.weight", np.zeros((n_ff, n_embd), np.float32))
+        w.add_tensor(f"{blk}.ffn_up.weight", np.zeros((n_ff, n_embd), np.float32))
+        w.add_tensor(f"{blk}.ffn_down.weight", np.zeros((n_embd, n_ff), np.float32))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

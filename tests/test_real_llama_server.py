@@ -1,0 +1,242 @@
+"""Check the llama-server behaviour specwatch relies on against the real binary."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from exporter.llamaserver import SERVER_KINDS, LlamaServer
+from exporter.tinymodel import cycle_text, write_cycle_model
+
+pytestmark = pytest.mark.real
+
+N_TOKENS = 48
+# N-gram speculation drafts only once the text repeats, so the prompt repeats.
+PROMPT = cycle_text(repeats=3).strip()
+API_KEY = "specwatch-test-key"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_cycle_model(tmp_path_factory.mktemp("model") / "cycle.gguf")
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    """Start each kind of server once for the whole module, on first use."""
+    started: dict[str, LlamaServer] = {}
+
+    def get(kind: str) -> LlamaServer:
+        if kind not in started:
+            started[kind] = LlamaServer.of_kind(kind, model).start()
+        return started[kind]
+
+    yield get
+    for s in started.values():
+        s.close()
+
+
+def request(server, method, path, body=None, *, key=None):
+    """Return (status, parsed JSON body) without raising on HTTP errors."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def stream(server, path, body):
+    """Return the parsed data events of a streaming request."""
+    req = urllib.request.Request(
+        server.url + path,
+        data=json.dumps({**body, "stream": True}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    events = []
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:"):].strip()
+            if payload == "[DONE]":
+                break
+            events.append(json.loads(payload))
+    return events
+
+
+def chat(server, **extra):
+    status, body = request(server, "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": N_TOKENS,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        **extra,
+    })
+    assert status == 200, body
+    return body
+
+
+def completion(server, **extra):
+    status, body = request(server, "POST", "/completion", {
+        "prompt": PROMPT,
+        "n_predict": N_TOKENS,
+        "temperature": 0,
+        "n_probs": 3,
+        **extra,
+    })
+    assert status == 200, body
+    return body
+
+
+def is_fill_in(tok, alt_key="top_logprobs", value_key="logprob", value=0.0):
+    return tok[value_key] == value and tok[alt_key] == []
+
+
+def check_fill_ins(kind, toks, alt_key="top_logprobs", value_key="logprob", value=0.0, n_alts=3):
+    """Fill-ins carry the fixed value and an empty list of alternatives."""
+    assert len(toks) == N_TOKENS
+    first, rest = toks[0], toks[1:]
+    assert len(first[alt_key]) == n_alts, "the first token is always real"
+    fills = sum(is_fill_in(t, alt_key, value_key, value) for t in rest)
+    if kind == "plain":
+        assert fills == 0
+        assert all(len(t[alt_key]) == n_alts for t in rest)
+    elif kind == "draft":
+        assert fills == len(rest)
+    else:
+        # ngram-mod keeps its n-gram table across requests, so how many tokens
+        # it drafts depends on what the server generated before.
+        assert fills > 0
+    for t in toks:
+        if not is_fill_in(t, alt_key, value_key, value):
+            assert len(t[alt_key]) == n_alts
+            assert t[alt_key][0]["token"] == t["token"]
+
+
+KINDS = list(SERVER_KINDS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_props_reports_no_speculation_on_every_server(server, kind):
+    status, props = request(server(kind), "GET", "/props")
+    assert status == 200
+    assert props["default_generation_settings"]["params"]["speculative.types"] == "none"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_slots_report_speculation(server, kind):
+    status, slots = request(server(kind), "GET", "/slots")
+    assert status == 200
+    assert isinstance(slots, list) and len(slots) == 1
+    assert slots[0]["speculative"] is (kind != "plain")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_model_repeats_its_cycle(server, kind):
+    body = completion(server(kind), n_probs=0)
+    assert cycle_text(repeats=2) in body["content"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chat_logprobs_fill_ins(server, kind):
+    body = chat(server(kind))
+    assert cycle_text(repeats=2).strip() in body["choices"][0]["message"]["content"]
+    check_fill_ins(kind, body["choices"][0]["logprobs"]["content"])
+    real = body["choices"][0]["logprobs"]["content"][0]
+    assert -0.5 < real["logprob"] < -0.2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_completion_n_probs_fill_ins(server, kind):
+    body = completion(server(kind))
+    check_fill_ins(kind, body["completion_probabilities"])
+    if kind != "plain":
+        assert body["timings"]["draft_n"] > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_completion_post_sampling_probs_fill_ins(server, kind):
+    body = completion(server(kind), post_sampling_probs=True)
+    # Greedy sampling leaves one candidate, so a real token here also has
+    # prob 1.0: only the empty list tells a fill-in apart.
+    check_fill_ins(kind, body["completion_probabilities"], "top_probs", "prob", 1.0, n_alts=1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streaming_chat_drops_logprobs_after_first_chunk(server, kind):
+    events = stream(server(kind), "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": N_TOKENS,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    })
+    content = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert len(content) >= N_TOKENS // 2
+    assert content[0]["choices"][0].get("logprobs")
+    missing = sum("logprobs" not in e["choices"][0] for e in content[1:])
+    if kind == "plain":
+        assert missing == 0
+    elif kind == "draft":
+        assert missing == len(content) - 1
+    else:
+        assert missing > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streaming_completion_drops_probabilities_after_first_chunk(server, kind):
+    events = stream(server(kind), "/completion", {
+        "prompt": PROMPT, "n_predict": N_TOKENS, "temperature": 0, "n_probs": 3,
+    })
+    content = [e for e in events if e.get("content")]
+    assert len(content) >= N_TOKENS // 2
+    assert content[0].get("completion_probabilities")
+    missing = sum("completion_probabilities" not in e for e in content[1:])
+    if kind == "plain":
+        assert missing == 0
+    elif kind == "draft":
+        assert missing == len(content) - 1
+    else:
+        assert missing > 0
+
+
+def test_api_key_guards_props_but_not_health(model):
+    with LlamaServer(model, ["--api-key", API_KEY]) as s:
+        assert request(s, "GET", "/health")[0] == 200
+        status, body = request(s, "GET", "/props")
+        assert status == 401
+        assert body["error"]["type"] == "authentication_error"
+        assert request(s, "GET", "/props", key="wrong")[0] == 401
+        assert request(s, "GET", "/props", key=API_KEY)[0] == 200
+        assert request(s, "GET", "/slots")[0] == 401
+        assert request(s, "GET", "/slots", key=API_KEY)[0] == 200
+
+
+def test_no_slots_answers_501(model):
+    with LlamaServer(model, ["--no-slots"]) as s:
+        status, body = request(s, "GET", "/slots")
+        assert status == 501
+        assert body["error"]["type"] == "not_supported_error"
+        assert request(s, "GET", "/props")[0] == 200
+
+
+def test_restart_keeps_url(model):
+    with LlamaServer(model) as s:
+        url = s.url
+        pid = s._proc.pid
+        s.restart()
+        assert s.url == url and s._proc.pid != pid
+        assert request(s, "GET", "/health")[0] == 200
+    assert not s.running
