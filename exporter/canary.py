@@ -19,6 +19,7 @@ REPEATED_LINE = "the cat sat on the mat."
 PROMPT_TEXT = " ".join([REPEATED_LINE] * 6) + " the cat"
 CHAT_INSTRUCTION = "Repeat the following line over and over, with nothing else: " + REPEATED_LINE
 
+MAX_COUNT = 1 << 40
 STREAMING = frozenset({Endpoint.CHAT_STREAM, Endpoint.COMPLETION_STREAM})
 
 
@@ -114,7 +115,8 @@ def _timings(body: Any) -> tuple[int | None, int | None]:
     if not isinstance(timings, dict):
         return None, None
     drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
-    as_int = [v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None for v in (drafted, accepted)]
+    # A count beyond any float would fail every scrape when exported; such a count is unknown, not huge.
+    as_int = [v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT else None for v in (drafted, accepted)]
     return as_int[0], as_int[1]
 
 

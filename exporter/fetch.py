@@ -93,7 +93,12 @@ def parse_json(body: bytes) -> Any:
 
 
 def finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float: JSON allows it, a probability is never one
+        return False
 
 
 class Fetcher:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
 from exporter.reasons import ProbeFailure, Reason
+
+# Values from a server become label values and samples on every scrape: one hostile server must not
+# be able to make them unencodable, unbounded or beyond a float, which would fail the scrape for all.
+MAX_LABEL_CHARS = 256
+MAX_SLOTS = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,11 @@ def _optional_str(data: dict[str, Any], key: str) -> str:
     return value
 
 
+def label_safe(text: str) -> str:
+    """`text` cut to a sane label length, with lone surrogates (which UTF-8 cannot encode) replaced."""
+    return _SURROGATE.sub("\ufffd", text[:MAX_LABEL_CHARS])
+
+
 def parse_props(data: Any) -> Props:
     if not isinstance(data, dict):
         raise _shape_error(f"/props is a JSON {type(data).__name__}, not an object")
@@ -57,15 +69,17 @@ def parse_props(data: Any) -> Props:
     if types is not None and not isinstance(types, str):
         raise _shape_error("/props speculative.types is not a string")
     total_slots = data.get("total_slots")
-    if total_slots is not None and (isinstance(total_slots, bool) or not isinstance(total_slots, int) or total_slots < 0):
-        raise _shape_error("/props total_slots is not a non-negative integer")
+    if total_slots is not None and (
+        isinstance(total_slots, bool) or not isinstance(total_slots, int) or not 0 <= total_slots <= MAX_SLOTS
+    ):
+        raise _shape_error(f"/props total_slots is not an integer from 0 to {MAX_SLOTS}")
     alias = _optional_str(data, "model_alias")
     path = _optional_str(data, "model_path")
     return Props(
         speculation_types=types,
         total_slots=total_slots,
-        model=alias or (PurePath(path).name if path else ""),
-        build=_optional_str(data, "build_info"),
+        model=label_safe(alias or (PurePath(path).name if path else "")),
+        build=label_safe(_optional_str(data, "build_info")),
     )
 
 
