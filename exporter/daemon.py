@@ -18,7 +18,7 @@ from exporter.fetch import Fetcher, new_client
 from exporter.schedule import Schedule
 from exporter.settings import ConfigError, ServerConfig, Settings, load_settings, parse_shard
 from exporter.shard import select
-from exporter.state import Fleet
+from exporter.state import Fleet, ServerState
 from exporter.watch import Watcher
 from exporter.web import ServerLink, WebApp
 
@@ -32,6 +32,28 @@ def watched_servers(settings: Settings, shard: str | None = None) -> list[Server
         return list(settings.servers)
     index, count = parse_shard(chosen)
     return select(settings.servers, lambda s: s.name, index, count)
+
+
+def landing_row(state: ServerState) -> ServerLink:
+    """How the landing page shows one server: plain words, no secrets."""
+    if state.poll_success is None:
+        poll = "not polled yet"
+    elif state.poll is None:
+        reason = state.poll_failure_reason.value if state.poll_failure_reason else "failed"
+        poll = f"down ({reason})"
+    else:
+        slots = state.poll.slots
+        speculation = "unknown (/slots off)" if slots is None else ("on" if slots.speculative else "off")
+        poll = f"up; speculation per /slots: {speculation}"
+    serving = state.serving_placeholders
+    if serving is None:
+        logprobs = "no successful canary yet"
+    elif serving:
+        bad = sorted(e.value for e, c in state.canaries.items() if c.last_result and c.last_result.placeholders)
+        logprobs = f"SERVING FILL-INS on {', '.join(bad)}"
+    else:
+        logprobs = "real"
+    return ServerLink(state.config.name, state.config.url, poll=poll, logprobs=logprobs, alarm=bool(serving))
 
 
 class Daemon:
@@ -68,7 +90,7 @@ class Daemon:
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
             self.registry,
-            servers=lambda: [ServerLink(s.config.name, s.config.url) for s in self.fleet.snapshot()],
+            servers=lambda: [landing_row(s) for s in self.fleet.snapshot()],
             reload=self.reload_from_thread,
             authorise=authorise,
         )

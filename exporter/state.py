@@ -28,6 +28,7 @@ class ServerState:
     poll: PollResult | None = None
     """The last poll's answer; None when the last poll failed or none has run."""
     poll_success: bool | None = None
+    poll_failure_reason: Reason | None = None
     poll_duration_seconds: float | None = None
     last_poll_success_timestamp: float | None = None
     poll_failures: Mapping[Reason, int] = field(default_factory=lambda: MappingProxyType({}))
@@ -87,12 +88,16 @@ class Fleet:
         if old is None:
             return
         if reason is None:
-            self._update(name, poll=result, poll_success=True, poll_duration_seconds=duration, last_poll_success_timestamp=now)
+            self._update(
+                name, poll=result, poll_success=True, poll_failure_reason=None, poll_duration_seconds=duration,
+                last_poll_success_timestamp=now,
+            )
         else:
             self._update(
                 name,
                 poll=None,
                 poll_success=False,
+                poll_failure_reason=reason,
                 poll_duration_seconds=duration,
                 poll_failures=_bumped(old.poll_failures, reason),
             )

@@ -19,8 +19,13 @@ DEFAULT_PORT = 9824
 
 @dataclass(frozen=True)
 class ServerLink:
+    """One row of the landing page."""
+
     name: str
     url: str
+    poll: str = "not polled yet"
+    logprobs: str = "no canary yet"
+    alarm: bool = False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -115,10 +120,18 @@ class WebApp:
 
     def landing_page(self) -> str:
         rows = "\n".join(
-            f"<li>{html.escape(s.name)} &mdash; <code>{html.escape(s.url)}</code></li>" for s in self.servers()
+            f'<tr class="{"alarm" if s.alarm else "ok"}"><td>{html.escape(s.name)}</td><td><code>{html.escape(s.url)}</code></td>'
+            f"<td>{html.escape(s.poll)}</td><td>{html.escape(s.logprobs)}</td></tr>"
+            for s in self.servers()
         )
         return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>specwatch</title></head>
+<html lang="en"><head><meta charset="utf-8"><title>specwatch</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; }}
+td, th {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
+tr.alarm td {{ background: #fde2e1; }}
+</style></head>
 <body>
 <h1>specwatch {html.escape(__version__)}</h1>
 <p>Watches llama-server instances for fill-in logprobs served under speculative decoding.</p>
@@ -127,9 +140,12 @@ class WebApp:
 <li><a href="-/healthy">Health</a></li>
 </ul>
 <h2>Watched servers</h2>
-<ul>
-{rows or "<li>none</li>"}
-</ul>
+<table id="servers">
+<thead><tr><th>server</th><th>url</th><th>last poll</th><th>logprobs</th></tr></thead>
+<tbody>
+{rows or '<tr><td colspan="4">none</td></tr>'}
+</tbody>
+</table>
 </body></html>
 """
 
