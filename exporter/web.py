@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,6 +100,10 @@ class _WebServer(ThreadingHTTPServer):
     app: WebApp
 
 
+class _WebServer6(_WebServer):
+    address_family = socket.AF_INET6
+
+
 class WebApp:
     """Serves the exporter; every callable is safe to call from the HTTP threads."""
 
@@ -150,7 +155,7 @@ tr.alarm td {{ background: #fde2e1; }}
 """
 
     def start(self, host: str, port: int, wrap_socket: Callable | None = None) -> tuple[str, int]:
-        httpd = _WebServer((host, port), _Handler)
+        httpd = (_WebServer6 if ":" in host else _WebServer)((host, port), _Handler)
         httpd.app = self
         if wrap_socket is not None:
             httpd.socket = wrap_socket(httpd.socket)

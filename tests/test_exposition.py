@@ -84,3 +84,15 @@ def test_endpoint_serves_metrics_landing_page_and_health() -> None:
         assert httpx.post(f"{base}/-/reload").status_code == 200 and reloads == [1]
     finally:
         app.stop()
+
+
+def test_listens_on_ipv6_loopback() -> None:
+    from exporter.web import parse_listen
+
+    registry = CollectorRegistry(auto_describe=False)
+    app = WebApp(registry, servers=lambda: [], reload=lambda: None)
+    host, port = app.start(*parse_listen("[::1]:0"))
+    try:
+        assert host == "::1" and httpx.get(f"http://[::1]:{port}/-/healthy").status_code == 200
+    finally:
+        app.stop()
