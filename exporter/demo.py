@@ -14,6 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.llamaserver import INSTALL_HINT, LlamaServer, LlamaServerNotFound, find_llama_server, free_port
+from exporter.settings import Endpoint
 from exporter.web import parse_listen
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
@@ -71,7 +72,7 @@ def _get(samples: dict, name: str, **labels: str) -> float | None:
     return None
 
 
-def _wait_for_canaries(metrics_url: str, names: list[str], timeout: float) -> dict:
+def _wait_for_canaries(metrics_url: str, names: list[str], endpoints: int, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     samples: dict = {}
     while time.monotonic() < deadline:
@@ -79,7 +80,10 @@ def _wait_for_canaries(metrics_url: str, names: list[str], timeout: float) -> di
             samples = _metrics(metrics_url)
         except httpx.HTTPError:
             samples = {}
-        if samples and all(_get(samples, "specwatch_serving_placeholders", server=n) is not None for n in names):
+        done = {dict(labels)["server"] for (name, labels) in samples if name == "specwatch_canary_success"}
+        counts = {n: sum(1 for (m, labels) in samples if m == "specwatch_canary_success" and dict(labels)["server"] == n)
+                  for n in done}
+        if all(counts.get(n, 0) >= endpoints for n in names):
             return samples
         time.sleep(0.5)
     raise TimeoutError(f"no canary results from the exporter at {metrics_url} within {timeout:.0f}s")
@@ -87,30 +91,32 @@ def _wait_for_canaries(metrics_url: str, names: list[str], timeout: float) -> di
 
 def _report(samples: dict, names: list[str]) -> str:
     def flag(value: float | None) -> str:
-        return "?" if value is None else ("on" if value else "off")
+        return "unknown" if value is None else ("on" if value else "off")
 
-    endpoints = sorted({dict(labels)["endpoint"] for (name, labels) in samples if name == "specwatch_canary_tokens"})
-    lines = [f"{'server':<8} {'/props':<7} {'/slots':<7} {'contradiction':<14} " + " ".join(f"{e:>24}" for e in endpoints)]
-    for name in names:
-        cells = []
-        for endpoint in endpoints:
-            fills = _get(samples, "specwatch_canary_placeholder_tokens", server=name, endpoint=endpoint)
-            tokens = _get(samples, "specwatch_canary_tokens", server=name, endpoint=endpoint)
-            mean = _get(samples, "specwatch_canary_mean_logprob", server=name, endpoint=endpoint)
-            cell = "failed" if fills is None or tokens is None else f"{fills:.0f}/{tokens - 1:.0f} mean {mean:+.3f}"
-            cells.append(f"{cell:>24}")
-        contradiction = _get(samples, "specwatch_speculation_contradiction", server=name)
-        lines.append(
-            f"{name:<8} {flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='props')):<7} "
-            f"{flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='slots')):<7} "
-            f"{'YES' if contradiction else 'no':<14} " + " ".join(cells)
-        )
-    lines.append("")
-    lines.append("cells: fill-in tokens / tokens after the first, and the mean logprob an eval would compute")
+    lines = [f"{'server':<8} {'/props':<8} {'/slots':<8} {'contradiction':<14} verdict"]
     for name in names:
         serving = _get(samples, "specwatch_serving_placeholders", server=name)
         verdict = "SERVES FILL-IN LOGPROBS: do not score evals against it" if serving else "logprobs are real"
-        lines.append(f"  {name:<8} {verdict}")
+        contradiction = _get(samples, "specwatch_speculation_contradiction", server=name)
+        lines.append(
+            f"{name:<8} {flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='props')):<8} "
+            f"{flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='slots')):<8} "
+            f"{'YES' if contradiction else 'no':<14} {verdict}"
+        )
+    endpoints = sorted({dict(labels)["endpoint"] for (name, labels) in samples if name == "specwatch_canary_success"})
+    lines += ["", "fill-in tokens / tokens after the first, and the mean logprob an eval would compute:"]
+    lines.append(f"{'endpoint':<26}" + "".join(f"{n:>18}" for n in names))
+    for endpoint in endpoints:
+        cells = []
+        for name in names:
+            fills = _get(samples, "specwatch_canary_placeholder_tokens", server=name, endpoint=endpoint)
+            tokens = _get(samples, "specwatch_canary_tokens", server=name, endpoint=endpoint)
+            mean = _get(samples, "specwatch_canary_mean_logprob", server=name, endpoint=endpoint)
+            if fills is None or tokens is None:
+                cells.append(f"{'failed':>18}")
+            else:
+                cells.append(f"{f'{fills:.0f}/{tokens - 1:.0f} {mean:+.3f}':>18}")
+        lines.append(f"{endpoint:<26}" + "".join(cells))
     return "\n".join(lines)
 
 
@@ -153,7 +159,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             metrics_url = f"http://{host}:{port}/metrics"
             say(f"started specwatch at http://{host}:{port}/ ; waiting for the first canaries ...")
             names = [kind for kind, _ in KINDS]
-            samples = _wait_for_canaries(metrics_url, names, timeout=120)
+            samples = _wait_for_canaries(metrics_url, names, endpoints=len(Endpoint), timeout=120)
             say("")
             say(_report(samples, names))
             say("")

@@ -194,3 +194,15 @@ def test_check_verdicts(servers: dict[str, LlamaServer], key_file: Path) -> None
 def test_check_refuses_an_unreachable_server() -> None:
     code, report = _check(f"http://127.0.0.1:{free_port()}")
     assert (code, report["verdict"]) == (2, "unchecked") and "connection_refused" in report["summary"]
+
+
+def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
+    result = subprocess.run([sys.executable, "-m", "exporter", "demo", "--listen", f"127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdicts = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("plain ", "draft ", "ngram "))}
+    assert verdicts["plain"].endswith("logprobs are real") and " no " in verdicts["plain"]
+    assert "SERVES FILL-IN LOGPROBS" in verdicts["draft"] and " YES " in verdicts["draft"]
+    assert "SERVES FILL-IN LOGPROBS" in verdicts["ngram"]
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith(("chat", "completion"))}
+    assert len(rows) == 5 and all(cells[0] == "0/47" and cells[2] == "47/47" for cells in rows.values())
