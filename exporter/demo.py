@@ -33,14 +33,19 @@ def ensure_llama_server() -> Path:
         pass
     say(f"llama-server is not installed: building {PIN} from source (8-15 minutes on 2 cores; pip caches the result)")
     env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")}
-    command = [sys.executable, "-m", "pip", "install", "-v", PIN]
+    build_with_progress([sys.executable, "-m", "pip", "install", "-v", PIN], env=env)
+    return find_llama_server()
+
+
+def build_with_progress(command: list[str], *, env: dict[str, str] | None = None, every: float = 10.0) -> None:
+    """Run a build, printing elapsed time and its latest compile step every `every` seconds."""
     started = time.monotonic()
-    last_step = ["starting pip"]
+    last_step = ["starting"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     def heartbeat() -> None:
         while process.poll() is None:
-            time.sleep(10)
+            time.sleep(every)
             if process.poll() is None:
                 say(f"  ... {time.monotonic() - started:5.0f}s  {last_step[0][:100]}")
 
@@ -54,7 +59,6 @@ def ensure_llama_server() -> Path:
     if process.wait() != 0:
         raise LlamaServerNotFound(f"building {PIN} failed (exit {process.returncode}); run `{INSTALL_HINT}` to see why")
     say(f"  built in {time.monotonic() - started:.0f}s")
-    return find_llama_server()
 
 
 def _metrics(url: str) -> dict[tuple[str, frozenset], float]:
