@@ -1,0 +1,368 @@
+"""Build specwatch's Grafana dashboards with grafana-foundation-sdk and write them as JSON next to this file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common as common_builder
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+HERE = Path(__file__).resolve().parent
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+FLEET_UID = "specwatch-fleet"
+SERVER_UID = "specwatch-server"
+TAGS = ["specwatch", "llama-server"]
+# Every query of a panel filters on these; the per-server dashboard selects a single server.
+MATCH = 'job=~"$job", server=~"$server"'
+
+
+def query(expr: str, legend: str = "__auto", ref: str = "A", *, as_table: bool = False) -> prometheus.Dataquery:
+    built = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend).datasource(DATASOURCE)
+    if as_table:
+        built = built.instant().format(PromQueryFormat.TABLE)
+    else:
+        built = built.range()
+    return built
+
+
+def steps(*pairs: tuple[float | None, str]) -> dash.ThresholdsConfig:
+    return dash.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(
+        [model.Threshold(value=value, color=color) for value, color in pairs]
+    )
+
+
+def words(mapping: dict[str, tuple[str, str]]) -> list[model.ValueMapping]:
+    return [model.ValueMap(options={v: model.ValueMappingResult(text=t, color=c, index=i)
+                                    for i, (v, (t, c)) in enumerate(mapping.items())})]
+
+
+SERVING_WORDS = words({"0": ("real logprobs", "green"), "1": ("FILL-INS", "red")})
+ON_OFF_WORDS = words({"0": ("off", "green"), "1": ("on", "orange")})
+UP_WORDS = words({"0": ("down", "red"), "1": ("up", "green")})
+
+
+def legend() -> common_builder.VizLegendOptions:
+    return (common_builder.VizLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.RIGHT).show_legend(True).calcs(["lastNotNull", "max"]))
+
+
+def big_number(title: str, expr: str, description: str, *, width: int = 4, unit: str = "none",
+               thresholds: dash.ThresholdsConfig | None = None,
+               mappings: list[model.ValueMapping] | None = None) -> stat.Panel:
+    panel = (stat.Panel().title(title).description(description).datasource(DATASOURCE).with_target(query(expr))
+             .height(4).span(width).unit(unit).color_mode(common.BigValueColorMode.BACKGROUND)
+             .graph_mode(common.BigValueGraphMode.NONE)
+             .reduce_options(common_builder.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    if thresholds is not None:
+        panel = panel.thresholds(thresholds)
+    if mappings is not None:
+        panel = panel.mappings(mappings)
+    return panel
+
+
+def graph(title: str, description: str, *targets: prometheus.Dataquery, unit: str = "none", width: int = 12,
+          height: int = 8, min_value: float | None = None, max_value: float | None = None) -> timeseries.Panel:
+    panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE).targets(list(targets))
+             .unit(unit).span(width).height(height).legend(legend()).show_points(common.VisibilityMode.NEVER)
+             .line_width(1).fill_opacity(10))
+    if min_value is not None:
+        panel = panel.min(min_value)
+    if max_value is not None:
+        panel = panel.max(max_value)
+    return panel
+
+
+def timeline(title: str, description: str, expr: str, legend_format: str, mappings: list[model.ValueMapping],
+             width: int = 24, height: int = 7) -> statetimeline.Panel:
+    return (statetimeline.Panel().title(title).description(description).datasource(DATASOURCE)
+            .with_target(query(expr, legend_format)).mappings(mappings).span(width).height(height)
+            .show_value(common.VisibilityMode.NEVER).merge_values(True))
+
+
+def merged_table(title: str, description: str, columns: dict[str, str], *, width: int = 24, height: int = 8,
+                 hide: tuple[str, ...] = ()) -> table.Panel:
+    """One row per series label set: each column is an instant query, joined on the labels they share."""
+    refs = [chr(ord("A") + i) for i in range(len(columns))]
+    targets = [query(expr, ref=ref, as_table=True) for ref, expr in zip(refs, columns.values(), strict=True)]
+    # Grafana names a lone query's value column "Value", and "Value #<refId>" when there are several.
+    rename = ({"Value": next(iter(columns))} if len(columns) == 1
+              else {f"Value #{ref}": name for ref, name in zip(refs, columns, strict=True)})
+    excluded = {name: True for name in ("Time", "__name__", *hide)}
+    return (table.Panel().title(title).description(description).datasource(DATASOURCE).targets(targets)
+            .span(width).height(height)
+            .with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
+            .with_transformation(model.DataTransformerConfig(
+                id_val="organize", options={"excludeByName": excluded, "renameByName": rename})))
+
+
+def datasource_variable() -> dash.DatasourceVariable:
+    return dash.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def job_variable() -> dash.QueryVariable:
+    return (dash.QueryVariable("job").label("Job").datasource(DATASOURCE)
+            .query({"query": "label_values(specwatch_build_info, job)", "refId": "PrometheusVariableQueryEditor-VariableQuery"})
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*")
+            .current(model.VariableOption(selected=True, text="All", value="$__all")))
+
+
+def server_variable(*, many: bool) -> dash.QueryVariable:
+    variable = (dash.QueryVariable("server").label("Server").datasource(DATASOURCE)
+                .query({"query": 'label_values(specwatch_up{job=~"$job"}, server)',
+                        "refId": "PrometheusVariableQueryEditor-VariableQuery"})
+                .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC))
+    if many:
+        variable = (variable.multi(True).include_all(True).all_value(".*")
+                    .current(model.VariableOption(selected=True, text="All", value="$__all")))
+    return variable
+
+
+def base(uid: str, title: str, description: str) -> dash.Dashboard:
+    return (dash.Dashboard(title).uid(uid).description(description).tags(TAGS).editable().refresh("1m")
+            .time("now-6h", "now").timezone("browser").tooltip(model.DashboardCursorSync.CROSSHAIR)
+            .link(dash.DashboardLink("specwatch dashboards").type(model.DashboardLinkType.DASHBOARDS).tags(["specwatch"])
+                  .as_dropdown(True).include_vars(True).keep_time(True)))
+
+
+def fleet() -> model.Dashboard:
+    server_link = dash.DashboardLink("Open ${__data.fields.server}").url(
+        f"/d/{SERVER_UID}?var-datasource=${{datasource}}&var-job=${{__data.fields.job}}"
+        "&var-server=${__data.fields.server}&${__url_time_range}")
+    board = (base(FLEET_UID, "specwatch / fleet",
+                  "Which llama-servers serve fill-in logprobs under speculative decoding, since when, and how bad.")
+             .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=True)))
+
+    board = board.with_row(dash.Row("Now"))
+    board = board.with_panel(big_number(
+        "Servers serving fill-ins", 'sum(job:specwatch_serving_placeholders:sum{job=~"$job"})',
+        "Servers whose last successful canary found fill-in logprobs (pages as SpecwatchServingFillInLogprobs).",
+        thresholds=steps((None, "green"), (1, "red"))))
+    board = board.with_panel(big_number(
+        "Share of servers serving fill-ins", 'max(job:specwatch_serving_placeholders:avg{job=~"$job"})',
+        "Of the servers with a canary verdict, the share that serves fill-ins.", unit="percentunit",
+        thresholds=steps((None, "green"), (0.000001, "red"))))
+    board = board.with_panel(big_number(
+        "Fill-in fraction, worst endpoint", 'max(job_endpoint:specwatch_canary_placeholder_tokens:ratio{job=~"$job"})',
+        "Fill-in tokens among all canary tokens across the fleet, on the endpoint where it is highest.",
+        unit="percentunit", thresholds=steps((None, "green"), (0.000001, "red"))))
+    board = board.with_panel(big_number(
+        "Servers watched", 'sum(specwatch_servers{job=~"$job"})', "Servers the specwatch exporters watch.",
+        thresholds=steps((None, "blue"))))
+    board = board.with_panel(big_number(
+        "Servers down", f"count(specwatch_up{{{MATCH}}} == 0) or vector(0)",
+        "Servers whose last poll of /health, /props and /slots failed.", thresholds=steps((None, "green"), (1, "orange"))))
+    board = board.with_panel(big_number(
+        "Canary endpoints failing", f"count(specwatch_canary_success{{{MATCH}}} == 0) or vector(0)",
+        "Server and endpoint pairs whose last canary failed: specwatch cannot vouch for them.",
+        thresholds=steps((None, "green"), (1, "orange"))))
+
+    board = board.with_panel(merged_table(
+        "Servers", "What each server serves now; 'serving fill-ins' 1 means its logprobs are placeholders.",
+        {
+            "serving fill-ins": f"max by (job, server) (specwatch_serving_placeholders{{{MATCH}}})",
+            "up": f"max by (job, server) (specwatch_up{{{MATCH}}})",
+            "speculation (/slots)": f'max by (job, server) (specwatch_speculation_enabled{{{MATCH}, source="slots"}})',
+            "speculation (/props)": f'max by (job, server) (specwatch_speculation_enabled{{{MATCH}, source="props"}})',
+            "worst placeholder ratio": f"max by (job, server) (specwatch_canary_placeholder_ratio{{{MATCH}}})",
+            "build and model": f"max by (job, server, build, model) (specwatch_server_info{{{MATCH}}})",
+        },
+        hide=("Value #F",), height=9,
+    ).data_links([server_link]).override_by_name("serving fill-ins", [
+        model.DynamicConfigValue(id_val="mappings", value=SERVING_WORDS),
+        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]))
+    board = board.with_panel(timeline(
+        "Serving fill-ins, since when",
+        "Per server, whether the last successful canary found fill-in logprobs; the red span is the window whose evals "
+        "need re-running.",
+        f"max by (server) (specwatch_serving_placeholders{{{MATCH}}})", "{{server}}", SERVING_WORDS))
+    board = board.with_panel(timeline(
+        "Speculation, /slots vs /props",
+        "What each endpoint reports. /props says none on every current llama-server, so only /slots can be trusted; "
+        "a server on in /slots and off in /props is a config-audit contradiction.",
+        f"max by (server, source) (specwatch_speculation_enabled{{{MATCH}}})", "{{server}} /{{source}}", ON_OFF_WORDS))
+
+    board = board.with_row(dash.Row("Canary verdicts"))
+    board = board.with_panel(graph(
+        "Placeholder ratio per endpoint",
+        "Fill-in tokens among the canary's tokens after the first, per server and endpoint (cached between canaries).",
+        query(f"max by (server, endpoint) (specwatch_canary_placeholder_ratio{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        unit="percentunit", min_value=0, max_value=1))
+    board = board.with_panel(graph(
+        "Mean logprob per endpoint",
+        "The mean logprob an eval would compute from the canary's answer; fill-ins drag it towards 0.",
+        query(f"max by (server, endpoint) (specwatch_canary_mean_logprob{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        max_value=0))
+    board = board.with_panel(graph(
+        "Fleet fill-in fraction per endpoint",
+        "Fill-in tokens among all canary tokens of the fleet (recording rule).",
+        query('job_endpoint:specwatch_canary_placeholder_tokens:ratio{job=~"$job"}', "{{job}} {{endpoint}}"),
+        unit="percentunit", min_value=0, max_value=1))
+    board = board.with_panel(graph(
+        "Draft tokens per canary",
+        "Tokens the server drafted for the canary (timings.draft_n): non-zero means speculation is in use.",
+        query(f"max by (server, endpoint) (specwatch_canary_draft_tokens{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        min_value=0))
+
+    board = board.with_row(dash.Row("Canary and poll health"))
+    board = board.with_panel(graph(
+        "Canary success per endpoint", "1 when the last canary of the endpoint completed and could be classified.",
+        query(f"min by (server, endpoint) (specwatch_canary_success{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        min_value=0, max_value=1))
+    board = board.with_panel(graph(
+        "Canary latency per endpoint", "Wall time of the last canary request.",
+        query(f"max by (server, endpoint) (specwatch_canary_duration_seconds{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        unit="s", min_value=0))
+    board = board.with_panel(graph(
+        "Failures per second by reason", "Failed polls and canaries, by the closed set of reasons.",
+        query(f"sum by (server, reason) (rate(specwatch_poll_failures_total{{{MATCH}}}[$__rate_interval]))",
+              "poll {{server}} {{reason}}"),
+        query(f"sum by (server, endpoint, reason) (rate(specwatch_canary_failures_total{{{MATCH}}}[$__rate_interval]))",
+              "canary {{server}} {{endpoint}} {{reason}}", ref="B"),
+        unit="ops", min_value=0))
+    board = board.with_panel(graph(
+        "Age of the last successful canary", "Seconds since any endpoint's canary last succeeded, per server.",
+        query(f"time() - max by (server) (specwatch_canary_last_success_timestamp_seconds{{{MATCH}}})", "{{server}}"),
+        unit="s", min_value=0))
+
+    board = board.with_row(dash.Row("Exporters"))
+    board = board.with_panel(merged_table(
+        "specwatch exporters", "Each exporter's scrape health, version, watched servers and config reload state.",
+        {
+            "scraped": 'max by (job, instance) (up{job=~"$job"})',
+            "version": 'max by (job, instance, version) (specwatch_build_info{job=~"$job"})',
+            "servers": 'max by (job, instance) (specwatch_servers{job=~"$job"})',
+            "config reload ok": 'max by (job, instance) (specwatch_config_last_reload_successful{job=~"$job"})',
+            "last good reload":
+                'max by (job, instance) (specwatch_config_last_reload_success_timestamp_seconds{job=~"$job"}) * 1000',
+        },
+        hide=("Value #B",), height=6,
+    ).override_by_name("last good reload", [model.DynamicConfigValue(id_val="unit", value="dateTimeAsIso")]))
+    board = board.with_panel(merged_table(
+        "Firing specwatch alerts", "Alerts from alerts/specwatch.rules.yml that fire now.",
+        {"firing": 'max by (alertname, severity, job, server) '
+                   '(ALERTS{alertname=~"Specwatch.*", alertstate="firing", job=~"$job"})'},
+        height=6))
+    return board.build()
+
+
+def server() -> model.Dashboard:
+    board = (base(SERVER_UID, "specwatch / server",
+                  "One llama-server: its canary verdict per endpoint, speculation as /props and /slots report it, "
+                  "and specwatch's probes of it.")
+             .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=False)))
+    board = board.with_row(dash.Row("Now"))
+    board = board.with_panel(big_number(
+        "Logprobs", f"max(specwatch_serving_placeholders{{{MATCH}}})",
+        "Whether the last successful canary found fill-in logprobs on any endpoint.", mappings=SERVING_WORDS,
+        thresholds=steps((None, "green"), (1, "red"))))
+    board = board.with_panel(big_number(
+        "Poll", f"max(specwatch_up{{{MATCH}}})", "Whether the last poll of /health, /props and /slots succeeded.",
+        mappings=UP_WORDS, thresholds=steps((None, "red"), (1, "green"))))
+    board = board.with_panel(big_number(
+        "Speculation (/slots)", f'max(specwatch_speculation_enabled{{{MATCH}, source="slots"}})',
+        "Speculative decoding as /slots reports it: the truth.", mappings=ON_OFF_WORDS,
+        thresholds=steps((None, "green"), (1, "orange"))))
+    board = board.with_panel(big_number(
+        "Speculation (/props)", f'max(specwatch_speculation_enabled{{{MATCH}, source="props"}})',
+        "Speculative decoding as /props reports it: 'off' on every current llama-server.", mappings=ON_OFF_WORDS,
+        thresholds=steps((None, "green"), (1, "orange"))))
+    board = board.with_panel(big_number(
+        "Last good canary", f"time() - max(specwatch_canary_last_success_timestamp_seconds{{{MATCH}}})",
+        "Seconds since any endpoint's canary last succeeded.", unit="s",
+        thresholds=steps((None, "green"), (150, "orange"))))
+    board = board.with_panel(big_number(
+        "Slots", f"max(specwatch_slots{{{MATCH}}})", "Parallel sequences the server runs.",
+        thresholds=steps((None, "blue"))))
+    board = board.with_panel(merged_table(
+        "Build and model", "What the server reports in /props.",
+        {"model": f"max by (server, build, model) (specwatch_server_info{{{MATCH}}})",
+         "last good poll": f"max by (server) (specwatch_last_poll_success_timestamp_seconds{{{MATCH}}}) * 1000"},
+        hide=("Value #A",), height=4,
+    ).override_by_name("last good poll", [model.DynamicConfigValue(id_val="unit", value="dateTimeAsIso")]))
+
+    board = board.with_row(dash.Row("Canary verdict per endpoint"))
+    board = board.with_panel(timeline(
+        "Serving fill-ins", "Whether the last successful canary found fill-in logprobs.",
+        f"max by (server) (specwatch_serving_placeholders{{{MATCH}}})", "{{server}}", SERVING_WORDS, height=4))
+    board = board.with_panel(graph(
+        "Placeholder ratio", "Fill-in tokens among the canary's tokens after the first.",
+        query(f"max by (endpoint) (specwatch_canary_placeholder_ratio{{{MATCH}}})", "{{endpoint}}"),
+        unit="percentunit", min_value=0, max_value=1))
+    board = board.with_panel(graph(
+        "Mean logprob", "The mean an eval would compute from the canary's answer.",
+        query(f"max by (endpoint) (specwatch_canary_mean_logprob{{{MATCH}}})", "{{endpoint}}"), max_value=0))
+    board = board.with_panel(graph(
+        "Canary tokens", "Tokens in the canary's answer, fill-ins among them, and tokens the server drafted.",
+        query(f"max by (endpoint) (specwatch_canary_tokens{{{MATCH}}})", "tokens {{endpoint}}"),
+        query(f"max by (endpoint) (specwatch_canary_placeholder_tokens{{{MATCH}}})", "fill-ins {{endpoint}}", ref="B"),
+        query(f"max by (endpoint) (specwatch_canary_draft_tokens{{{MATCH}}})", "drafted {{endpoint}}", ref="C"),
+        min_value=0))
+    board = board.with_panel(graph(
+        "Speculation, /slots vs /props", "1 on, 0 off; absent when the endpoint does not tell (for example /slots disabled).",
+        query(f"max by (source) (specwatch_speculation_enabled{{{MATCH}}})", "/{{source}}"),
+        query(f"max(specwatch_speculation_contradiction{{{MATCH}}})", "contradiction", ref="B"),
+        min_value=0, max_value=1))
+
+    board = board.with_row(dash.Row("Probes"))
+    board = board.with_panel(graph(
+        "Canary success", "1 when the endpoint's last canary completed and could be classified.",
+        query(f"min by (endpoint) (specwatch_canary_success{{{MATCH}}})", "{{endpoint}}"), min_value=0, max_value=1))
+    board = board.with_panel(graph(
+        "Probe latency", "Wall time of the last canary per endpoint, and of the last poll.",
+        query(f"max by (endpoint) (specwatch_canary_duration_seconds{{{MATCH}}})", "canary {{endpoint}}"),
+        query(f"max(specwatch_poll_duration_seconds{{{MATCH}}})", "poll", ref="B"), unit="s", min_value=0))
+    board = board.with_panel(graph(
+        "Failures per second by reason", "Failed polls and canaries, by the closed set of reasons.",
+        query(f"sum by (reason) (rate(specwatch_poll_failures_total{{{MATCH}}}[$__rate_interval]))", "poll {{reason}}"),
+        query(f"sum by (endpoint, reason) (rate(specwatch_canary_failures_total{{{MATCH}}}[$__rate_interval]))",
+              "canary {{endpoint}} {{reason}}", ref="B"),
+        unit="ops", min_value=0, width=24))
+    return board.build()
+
+
+def numbered(board: model.Dashboard) -> model.Dashboard:
+    """Stable panel ids in layout order, so links to a single panel (viewPanel=N) survive regeneration."""
+    for number, panel in enumerate(board.panels or [], start=1):
+        panel.id_val = number
+    return board
+
+
+DASHBOARDS = {"specwatch-fleet.json": fleet, "specwatch-server.json": server}
+
+
+def render(build: object) -> str:
+    return json.dumps(numbered(build()), cls=JSONEncoder, indent=2, sort_keys=False) + "\n"  # type: ignore[operator]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=HERE, help="directory to write the JSON files to (default: dashboards/)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a committed JSON file differs from the code")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, build in DASHBOARDS.items():
+        text = render(build)
+        target = args.out / name
+        if args.check:
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            target.write_text(text, encoding="utf-8")
+    if stale:
+        print(f"out of date, run python dashboards/generate.py: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The alerting chain's files and processes: rules, dashboards, PromQL names, Prometheus, Alertmanager, a webhook sink."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+ALERTS = REPO / "alerts"
+RULES = ALERTS / "specwatch.rules.yml"
+DASHBOARDS = REPO / "dashboards"
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+EXAMPLES = REPO / "examples"
+RUNBOOK_BASE = "https://github.com/specwatch/specwatch/blob/main/docs/runbooks.md#"
+
+# Grafana's built-in variables, replaced the way Grafana would for a 1s-scrape Prometheus; $job and $server
+# become "match everything" so a query covers every server of the test.
+GRAFANA_VARIABLES = {"job": ".*", "server": ".*", "__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
+
+
+def rule_groups(path: Path = RULES) -> list[dict]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
+
+
+def alert_rules(path: Path = RULES) -> list[dict]:
+    return [rule for group in rule_groups(path) for rule in group["rules"] if "alert" in rule]
+
+
+def recording_rules(path: Path = RULES) -> list[dict]:
+    return [rule for group in rule_groups(path) for rule in group["rules"] if "record" in rule]
+
+
+def rule_files() -> list[Path]:
+    return sorted(p for p in ALERTS.glob("*.yml") if not p.name.endswith(".test.yml"))
+
+
+def dashboards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text(encoding="utf-8")) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def panels(board: dict) -> Iterator[dict]:
+    for panel in board.get("panels", []):
+        yield panel
+        yield from panel.get("panels", [])  # panels inside a collapsed row
+
+
+@dataclass(frozen=True)
+class DashboardQuery:
+    dashboard: str
+    where: str
+    expr: str
+
+    def __str__(self) -> str:
+        return f"{self.dashboard} / {self.where}: {self.expr}"
+
+
+_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?P<selector>.+?)\s*,\s*(?P<label>\w+)\s*\)\s*$")
+
+
+def dashboard_queries(boards: dict[str, dict] | None = None) -> list[DashboardQuery]:
+    """Every PromQL expression of every panel target and every query variable (label_values as its selector)."""
+    found = []
+    for name, board in (boards or dashboards()).items():
+        for panel in panels(board):
+            for target in panel.get("targets", []):
+                found.append(DashboardQuery(name, f"{panel['title']} ({target['refId']})", target["expr"]))
+        for variable in board.get("templating", {}).get("list", []):
+            if variable.get("type") != "query":
+                continue
+            text = variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
+            match = _LABEL_VALUES.match(text)
+            if match is None:
+                raise AssertionError(f"{name}: variable {variable['name']} query {text!r} is not label_values(selector, label)")
+            found.append(DashboardQuery(name, f"variable {variable['name']}",
+                                        f"group by ({match['label']}) ({match['selector']})"))
+    return found
+
+
+def substitute(expr: str, values: dict[str, str] = GRAFANA_VARIABLES) -> str:
+    def replace(match: re.Match) -> str:
+        name = match["braced"] or match["plain"]
+        if name not in values:
+            raise KeyError(f"no test value for Grafana variable ${name} in {expr!r}")
+        return values[name]
+
+    return re.sub(r"\$\{(?P<braced>\w+)\}|\$(?P<plain>\w+)", replace, expr)
+
+
+_PROMQL_KEYWORDS = frozenset({
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
+    "inf", "nan",
+})
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects: what is left once strings, matchers, ranges, grouping
+    clauses, function names, keywords and numbers are taken out."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w$.])([A-Za-z_:][\w:]*)(\s*\()?", text):
+        word, call = match.group(1), match.group(2)
+        if call or word.lower() in _PROMQL_KEYWORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading."""
+    slug = heading.strip().lower()
+    slug = re.sub(r"[^\w\- ]", "", slug)
+    return slug.replace(" ", "-")
+
+
+def runbook_anchors(path: Path = RUNBOOKS) -> set[str]:
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return {github_anchor(h) for h in headings}
+
+
+# ---- processes -------------------------------------------------------------------------------------------------
+
+
+class Process:
+    """A child in its own process group, logging to a file; stop() ends the whole group."""
+
+    def __init__(self, name: str, command: Sequence[str], log_dir: Path) -> None:
+        self.name = name
+        self.command = [str(c) for c in command]
+        self.log_path = log_dir / f"{name}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        return self
+
+    def exited(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything the leader left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def wait_until(what: str, check: Callable[[], object], *, timeout: float, processes: Sequence[Process] = (),
+               interval: float = 0.2) -> object:
+    """Poll `check` until it returns something truthy; fail with the logs of any process that died meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for process in processes:
+            code = process.exited()
+            if code is not None:
+                raise AssertionError(f"{process.name} exited with {code} while waiting for {what}:\n{process.log_tail()}")
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name}:\n{p.log_tail(15)}" for p in processes)
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+        time.sleep(interval)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def prometheus_query(base_url: str, expr: str) -> list[dict]:
+    """The instant query's result vector; raises on a PromQL error so a broken panel fails loudly."""
+    url = f"{base_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        raise AssertionError(f"Prometheus rejected {expr!r}: {err.read().decode(errors='replace')}") from None
+    assert body["status"] == "success", body
+    result = body["data"]["result"]
+    return result if isinstance(result, list) else [result]
+
+
+# ---- webhook receiver ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Delivery:
+    path: str
+    body: dict
+    at: float
+
+
+@dataclass
+class WebhookReceiver:
+    """Alertmanager's webhook target: records every POST with the path it came to and when."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: ThreadingHTTPServer | None = None
+
+    def start(self) -> WebhookReceiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with receiver._lock:
+                    receiver.deliveries.append(Delivery(self.path, body, time.monotonic()))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="webhook", daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def alerts(self) -> list[tuple[Delivery, dict]]:
+        with self._lock:
+            return [(d, alert) for d in self.deliveries for alert in d.body.get("alerts", [])]
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+

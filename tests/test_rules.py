@@ -1,0 +1,176 @@
+"""The alert and recording rules: promtool's checks and unit tests, annotations, runbook links, and metric names."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import ExporterStatus, SpecwatchCollector
+from tests.chain import (
+    ALERTS,
+    RUNBOOK_BASE,
+    alert_rules,
+    dashboard_queries,
+    metric_names,
+    recording_rules,
+    rule_files,
+    runbook_anchors,
+)
+from tests.fakes import FakeLlama
+
+# Series Prometheus makes itself, not the exporter: the scrape health and the alert state.
+PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
+ANNOTATIONS = ("summary", "description", "runbook_url")
+# Series about an exporter rather than a watched server: their alerts name the exporter, not a server.
+EXPORTER_LEVEL = frozenset({"up", "specwatch_config_last_reload_successful", "specwatch_build_info", "specwatch_servers"})
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60, cwd=ALERTS)
+
+
+def test_there_are_rule_files_each_with_a_test_file() -> None:
+    files = rule_files()
+    assert files, "no rule files under alerts/"
+    for path in files:
+        test_file = path.with_name(path.name.removesuffix(".yml") + ".test.yml")
+        assert test_file.is_file(), f"{path.name} has no promtool test file {test_file.name}"
+        assert path.name in yaml.safe_load(test_file.read_text())["rule_files"]
+
+
+def test_promtool_check_rules_is_clean() -> None:
+    result = promtool("check", "rules", *(p.name for p in rule_files()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout and "WARNING" not in result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    tests = [p.name for p in ALERTS.glob("*.test.yml")]
+    result = promtool("test", "rules", *tests)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(tests)
+
+
+def test_promtool_unit_tests_can_fail(tmp_path) -> None:
+    """A rule file whose page is one word off must fail the same unit tests."""
+    for path in ALERTS.glob("*.yml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    rules = tmp_path / "specwatch.rules.yml"
+    rules.write_text(rules.read_text().replace("serves fill-in logprobs", "serves fill-in logprob", 1))
+    result = subprocess.run(["promtool", "test", "rules", "specwatch.rules.test.yml"], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "SpecwatchServingFillInLogprobs" in result.stdout + result.stderr
+
+
+def test_every_alert_has_a_name_severity_and_templated_annotations() -> None:
+    alerts = alert_rules()
+    assert {a["alert"] for a in alerts} >= {
+        "SpecwatchServingFillInLogprobs", "SpecwatchSpeculationContradiction", "SpecwatchCanaryStale",
+        "SpecwatchCanaryFailing", "SpecwatchServerDown", "SpecwatchConfigReloadFailed", "SpecwatchExporterDown",
+    }
+    for alert in alerts:
+        name = alert["alert"]
+        assert re.fullmatch(r"Specwatch(?:[A-Z][a-z0-9]*)+", name), f"{name} is not CamelCase with the Specwatch prefix"
+        assert alert.get("labels", {}).get("severity") in {"critical", "warning"}, name
+        annotations = alert.get("annotations", {})
+        for key in ANNOTATIONS:
+            assert annotations.get(key, "").strip(), f"{name} has no {key}"
+        for key in ("summary", "description"):
+            assert "{{ $labels." in annotations[key] or "{{ or $labels." in annotations[key], f"{name} {key} is not templated"
+        if metric_names(alert["expr"]) - EXPORTER_LEVEL:
+            assert "$labels.server" in annotations["description"], f"{name} description does not name the server"
+
+
+def test_only_the_fill_in_alert_pages() -> None:
+    critical = [a["alert"] for a in alert_rules() if a["labels"]["severity"] == "critical"]
+    assert critical == ["SpecwatchServingFillInLogprobs"]
+
+
+def test_every_runbook_url_points_at_an_existing_section() -> None:
+    anchors = runbook_anchors()
+    for alert in alert_rules():
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith(RUNBOOK_BASE), url
+        fragment = urlsplit(url).fragment
+        assert fragment in anchors, f"{alert['alert']}: no heading in docs/runbooks.md has the anchor #{fragment}"
+        assert fragment == alert["alert"].lower(), f"{alert['alert']} should link to its own section"
+
+
+def test_every_alert_is_unit_tested_firing_with_exact_words_and_staying_quiet() -> None:
+    firing: dict[str, set[str]] = {}
+    quiet: set[str] = set()
+    for path in ALERTS.glob("*.test.yml"):
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                expected = check.get("exp_alerts") or []
+                if not expected:
+                    quiet.add(check["alertname"])
+                for alert in expected:
+                    assert "severity" in alert["exp_labels"], f"{check['alertname']}: exp_labels lack severity"
+                    firing.setdefault(check["alertname"], set()).update(alert.get("exp_annotations", {}))
+    for alert in alert_rules():
+        name = alert["alert"]
+        assert firing.get(name, set()) >= set(ANNOTATIONS), f"{name}: no firing case with every annotation"
+        assert name in quiet, f"{name}: no case where it stays quiet"
+
+
+async def _full_exposition(make_watcher) -> str:
+    """The real collector over a fleet that gives every metric family samples: clean, speculating, dead."""
+    watcher = make_watcher(
+        {"plain": FakeLlama.plain(), "draft": FakeLlama.draft()},
+        servers=[{"name": n, "url": f"http://{n}:8080", "labels": {"pool": "eval"}} for n in ("plain", "draft", "dead")],
+    )
+    for name in ("plain", "draft", "dead"):
+        await asyncio.gather(watcher.poll(name), watcher.canary(name))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0)))
+    return generate_latest(registry).decode()
+
+
+@pytest.fixture
+def exposed_names(make_watcher) -> set[str]:
+    families = list(text_string_to_metric_families(asyncio.run(_full_exposition(make_watcher))))
+    empty = [f.name for f in families if not f.samples]
+    assert not empty, f"the fake fleet left these families without samples: {empty}"
+    return {sample.name for family in families for sample in family.samples}
+
+
+def test_every_metric_in_rules_and_dashboards_is_exposed(exposed_names: set[str]) -> None:
+    recorded = {rule["record"] for rule in recording_rules()}
+    allowed = exposed_names | recorded | PROMETHEUS_SERIES
+    used = {f"rule {r.get('alert') or r['record']}": metric_names(r["expr"]) for r in alert_rules() + recording_rules()}
+    used.update({str(q): metric_names(q.expr) for q in dashboard_queries()})
+    assert len(used) > 20
+    unknown = {where: sorted(names - allowed) for where, names in used.items() if names - allowed}
+    assert not unknown, f"names the exporter does not expose: {unknown}"
+    # Rules and dashboards together show every serving verdict the exporter computes.
+    everything = set().union(*used.values())
+    assert {"specwatch_serving_placeholders", "specwatch_canary_placeholder_ratio", "specwatch_canary_mean_logprob",
+            "specwatch_speculation_enabled", "specwatch_server_info", "specwatch_canary_success"} <= everything
+
+
+def test_the_name_check_catches_a_misspelt_metric(exposed_names: set[str]) -> None:
+    assert metric_names('sum by (server) (specwatch_serving_placeholder{job=~"$job"})') - exposed_names == {
+        "specwatch_serving_placeholder"
+    }
+
+
+@pytest.mark.parametrize(("expr", "names"), [
+    ('time() - max without (endpoint) (specwatch_canary_last_success_timestamp_seconds) > 150',
+     {"specwatch_canary_last_success_timestamp_seconds"}),
+    ('up{job="specwatch"} == 0 or absent(up{job="specwatch"})', {"up"}),
+    ('sum by (server, reason) (rate(specwatch_poll_failures_total{server=~"a|b"}[$__rate_interval]))',
+     {"specwatch_poll_failures_total"}),
+    ("count(specwatch_up == 0) or vector(0)", {"specwatch_up"}),
+    ("job:a:sum / on (job) group_left b_total offset 5m", {"job:a:sum", "b_total"}),
+])
+def test_metric_names_are_read_from_promql(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names
