@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import json
+import os
 import random
+import signal
 import socket
 import ssl
 import struct
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -447,6 +452,89 @@ def server_tls(certs: Certs) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(certs.cert, certs.key)
     return context
+
+
+class ExporterProcess:
+    """`specwatch run` as a real process on a free loopback port, its stdout and stderr kept for inspection."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        command = [sys.executable, "-m", "exporter", "run", "--listen", f"{HOST}:0", "--log-format", "json", *args]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.port = 0
+        for stream, lines in ((self.process.stdout, self.stdout), (self.process.stderr, self.stderr)):
+            threading.Thread(target=self._collect, args=(stream, lines), daemon=True).start()
+
+    @staticmethod
+    def _collect(stream: Any, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    def events(self) -> list[dict[str, Any]]:
+        found = []
+        for line in list(self.stdout):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    found.append(event)
+        return found
+
+    def output(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
+
+    def wait_started(self, timeout: float = 20.0) -> ExporterProcess:
+        def listening() -> str | None:
+            return next((e["listen"] for e in self.events() if e.get("event") == "started"), None)
+
+        try:
+            listen = wait_for(listening, timeout, "specwatch to start", alive=self.process)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; its output:\n{self.output()}") from None
+        self.port = int(listen.rsplit(":", 1)[1])
+        return self
+
+    def url(self, scheme: str = "http") -> str:
+        return f"{scheme}://{HOST}:{self.port}"
+
+    def signal(self, number: int) -> None:
+        self.process.send_signal(number)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+    def __enter__(self) -> ExporterProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, *, alive: subprocess.Popen | None = None,
+             interval: float = 0.05) -> Any:
+    """The first truthy result of `check`, polled until `timeout`; fails early if `alive` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"process exited with {alive.returncode} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
 
 
 def _soak_main(count: int, seed: int) -> None:

@@ -1,0 +1,257 @@
+"""TLS and basic auth on the exporter's own endpoint: the web config file, and a real TLS client against `specwatch run`."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+import time
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+
+from exporter.settings import ConfigError
+from exporter.websecurity import WebSecurity, load_web_config
+from tests.faultserver import HOST, ExporterProcess, FaultServer, make_certs, refused_url
+
+USER, PASSWORD = "prometheus", "correct horse battery staple"
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def bcrypt_hash(password: str) -> str:
+    # Cost 4 keeps the tests fast; the cost is read from the hash, so real configs use 10-12.
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def certs(tmp_path):
+    return make_certs(tmp_path / "certs")
+
+
+@pytest.fixture
+def web_config(tmp_path, certs) -> Path:
+    return write(tmp_path / "web.yml", f"""\
+tls_server_config:
+  cert_file: certs/{certs.cert.name}
+  key_file: certs/{certs.key.name}
+basic_auth_users:
+  {USER}: {bcrypt_hash(PASSWORD)}
+""")
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_web_config(path)
+    assert str(path) in str(caught.value)
+    return caught.value.problems
+
+
+def test_full_config_loads(web_config: Path) -> None:
+    security = load_web_config(web_config)
+    assert security.requires_auth and security.tls is not None
+    assert security.tls.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+def test_empty_config_turns_nothing_on(tmp_path) -> None:
+    security = load_web_config(write(tmp_path / "web.yml", "# nothing yet\n"))
+    assert not security.requires_auth and security.tls is None
+    assert security.authorise(None) is True
+    with socket.socket() as sock:
+        assert security.wrap_socket(sock) is sock
+
+
+def test_unknown_keys_are_named(tmp_path, certs) -> None:
+    path = write(tmp_path / "web.yml", f"""\
+tls_config: {{}}
+tls_server_config:
+  cert_file: {certs.cert}
+  key_file: {certs.key}
+  client_ca_file: {certs.ca}
+basic_auth_users: {{}}
+""")
+    assert problems(path) == [
+        "tls_config: unknown key (allowed: tls_server_config, basic_auth_users)",
+        "tls_server_config.client_ca_file: unknown key (allowed: cert_file, key_file)",
+    ]
+
+
+def test_every_problem_is_listed_at_once(tmp_path, certs) -> None:
+    path = write(tmp_path / "web.yml", f"""\
+tls_server_config:
+  cert_file: {tmp_path}/missing.pem
+basic_auth_users:
+  alice: hunter2
+  "bob:x": {bcrypt_hash("x")}
+  carol: 42
+""")
+    assert problems(path) == [
+        f"tls_server_config.cert_file: {str(tmp_path / 'missing.pem')!r} cannot be read: No such file or directory",
+        "tls_server_config.key_file: required",
+        "basic_auth_users.alice: not a bcrypt hash (expected 60 characters starting with $2b$, $2a$ or $2y$)",
+        "basic_auth_users: user name 'bob:x' must be a non-empty string without ':'",
+        "basic_auth_users.carol: must be a bcrypt hash string such as $2b$12$...",
+    ]
+
+
+def test_a_plain_password_is_never_echoed(tmp_path) -> None:
+    path = write(tmp_path / "web.yml", "basic_auth_users:\n  alice: my-plain-password-123\n")
+    with pytest.raises(ConfigError) as caught:
+        load_web_config(path)
+    assert "my-plain-password-123" not in str(caught.value)
+
+
+def test_mismatched_certificate_and_key(tmp_path, certs) -> None:
+    other = make_certs(tmp_path / "other")
+    path = write(tmp_path / "web.yml", f"tls_server_config: {{cert_file: {certs.cert}, key_file: {other.key}}}\n")
+    [problem] = problems(path)
+    assert problem.startswith("tls_server_config: cert_file and key_file are not a matching PEM certificate and private key (")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("- a\n- b\n", "the top level must be a mapping with tls_server_config and/or basic_auth_users"),
+    ("tls_server_config: yes\n", "tls_server_config: must be a mapping with cert_file and key_file"),
+    ("basic_auth_users: [alice]\n", "basic_auth_users: must be a mapping of user name to bcrypt hash"),
+])
+def test_wrong_shapes(tmp_path, text: str, problem: str) -> None:
+    assert problems(write(tmp_path / "web.yml", text)) == [problem]
+
+
+def test_unreadable_and_invalid_yaml(tmp_path) -> None:
+    assert problems(tmp_path / "absent.yml") == ["cannot read: No such file or directory"]
+    [problem] = problems(write(tmp_path / "web.yml", "basic_auth_users: {alice: [\n"))
+    assert problem.startswith("not valid YAML:")
+
+
+class CountingBcrypt:
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        real = bcrypt.checkpw
+
+        def counted(password: bytes, hashed: bytes) -> bool:
+            self.calls += 1
+            return real(password, hashed)
+
+        monkeypatch.setattr("exporter.websecurity.bcrypt.checkpw", counted)
+
+
+def test_authorise(monkeypatch) -> None:
+    security = WebSecurity({USER: bcrypt_hash(PASSWORD).encode()})
+    counter = CountingBcrypt(monkeypatch)
+    assert security.authorise(basic(USER, PASSWORD)) is True
+    assert security.authorise(basic(USER, "wrong")) is False
+    assert security.authorise(basic("mallory", PASSWORD)) is False
+    for header in (None, "", "Bearer abc", "Basic", "Basic !!!not-base64!!!", "Basic " + base64.b64encode(b"nocolon").decode(),
+                   "Basic " + base64.b64encode(b"\xff\xfe:x").decode(), basic(USER, "x" * 100)):
+        assert security.authorise(header) is False, header
+    # Unknown users cost a bcrypt like wrong passwords do, so timing does not reveal which names exist.
+    assert counter.calls == 4
+
+
+def test_successful_checks_are_cached_failures_are_not(monkeypatch) -> None:
+    security = WebSecurity({USER: bcrypt_hash(PASSWORD).encode()})
+    counter = CountingBcrypt(monkeypatch)
+    for _ in range(5):
+        assert security.authorise(basic(USER, PASSWORD)) is True
+    assert counter.calls == 1
+    for _ in range(3):
+        assert security.authorise(basic(USER, PASSWORD + "!")) is False
+    assert counter.calls == 4
+
+
+def test_the_cache_is_bounded(monkeypatch) -> None:
+    from exporter import websecurity
+
+    monkeypatch.setattr(websecurity, "CACHE_SIZE", 2)
+    security = WebSecurity({"a": bcrypt_hash("1").encode(), "b": bcrypt_hash("2").encode(), "c": bcrypt_hash("3").encode()})
+    counter = CountingBcrypt(monkeypatch)
+    for user, password in (("a", "1"), ("b", "2"), ("c", "3"), ("a", "1")):
+        assert security.authorise(basic(user, password))
+    assert counter.calls == 4  # "a" was evicted by "c" and checked again
+
+
+@pytest.fixture
+def watched(tmp_path) -> Path:
+    with FaultServer() as server:
+        yield write(tmp_path / "specwatch.yml", f"servers:\n  - name: a\n    url: {server.url}\npoll_interval: 1s\npoll_timeout: 500ms\n")
+
+
+@pytest.fixture
+def exporter(watched: Path, web_config: Path):
+    with ExporterProcess("--config", str(watched), "--web-config", str(web_config)) as process:
+        yield process.wait_started()
+
+
+def trusting(certs) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(certs.ca))
+
+
+def test_tls_and_basic_auth_on_a_real_exporter(exporter: ExporterProcess, certs) -> None:
+    url = exporter.url("https")
+    with httpx.Client(verify=trusting(certs), timeout=5) as client:
+        ok = client.get(f"{url}/metrics", auth=(USER, PASSWORD))
+        assert ok.status_code == 200 and "specwatch_build_info" in ok.text
+        refused = client.get(f"{url}/metrics")
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"] == 'Basic realm="specwatch"'
+        assert "specwatch_" not in refused.text
+        assert client.get(f"{url}/metrics", auth=(USER, "wrong")).status_code == 401
+        assert client.get(f"{url}/", auth=("nobody", PASSWORD)).status_code == 401
+        assert client.post(f"{url}/-/reload").status_code == 401
+        assert client.post(f"{url}/-/reload", auth=(USER, PASSWORD)).status_code == 200
+
+
+def test_a_client_that_does_not_trust_the_certificate_is_refused(exporter: ExporterProcess) -> None:
+    with httpx.Client(timeout=5) as client, pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        client.get(f"{exporter.url('https')}/metrics", auth=(USER, PASSWORD))
+
+
+def test_plain_http_gets_nothing_and_tls_keeps_working(exporter: ExporterProcess, certs) -> None:
+    with httpx.Client(timeout=5) as plain, pytest.raises(httpx.HTTPError):
+        plain.get(f"{exporter.url('http')}/metrics", auth=(USER, PASSWORD))
+    with httpx.Client(verify=trusting(certs), timeout=5) as client:
+        assert client.get(f"{exporter.url('https')}/metrics", auth=(USER, PASSWORD)).status_code == 200
+
+
+def test_a_stalled_handshake_does_not_block_other_clients(exporter: ExporterProcess, certs) -> None:
+    stalled = [socket.create_connection((HOST, exporter.port)) for _ in range(3)]  # connect, then never say hello
+    try:
+        time.sleep(0.2)
+        started = time.monotonic()
+        with httpx.Client(verify=trusting(certs), timeout=5) as client:
+            assert client.get(f"{exporter.url('https')}/-/healthy", auth=(USER, PASSWORD)).status_code == 200
+        assert time.monotonic() - started < 2
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_basic_auth_without_tls(tmp_path, watched: Path) -> None:
+    web = write(tmp_path / "auth-only.yml", f"basic_auth_users:\n  {USER}: {bcrypt_hash(PASSWORD)}\n")
+    with ExporterProcess("--config", str(watched), "--web-config", str(web)) as process:
+        url = process.wait_started().url()
+        assert httpx.get(f"{url}/metrics", timeout=5).status_code == 401
+        assert httpx.get(f"{url}/metrics", auth=(USER, PASSWORD), timeout=5).status_code == 200
+
+
+def test_a_bad_web_config_stops_the_exporter_with_the_problems(tmp_path) -> None:
+    web = write(tmp_path / "web.yml", "tls_server_config:\n  cert_file: nope.pem\n  key_file: nope-key.pem\nbasic_auth: {}\n")
+    config = write(tmp_path / "specwatch.yml", f"servers:\n  - name: a\n    url: {refused_url()}\n")
+    with ExporterProcess("--config", str(config), "--web-config", str(web)) as process:
+        assert process.process.wait(20) == 2
+    errors = "".join(process.stderr)
+    assert errors == (
+        f"specwatch: invalid web config file {str(web)!r} (3 problems):\n"
+        "  - basic_auth: unknown key (allowed: tls_server_config, basic_auth_users)\n"
+        f"  - tls_server_config.cert_file: {str(tmp_path / 'nope.pem')!r} cannot be read: No such file or directory\n"
+        f"  - tls_server_config.key_file: {str(tmp_path / 'nope-key.pem')!r} cannot be read: No such file or directory\n"
+    )
