@@ -112,7 +112,8 @@ def test_exporter_tells_each_kind_of_server_apart(exporter_metrics: tuple[str, P
     url, log = exporter_metrics
     names = ("plain", "draft", "ngram", "locked", "noslots")
     # n-gram speculation learns from earlier requests; give it a few canary rounds to start drafting.
-    samples = _wait(url, lambda s: all(_value(s, "specwatch_serving_placeholders", server=n) is not None for n in names)
+    samples = _wait(url, lambda s: all(_value(s, "specwatch_canary_success", server=n, endpoint=e) is not None
+                                       for n in names for e in ENDPOINTS)
                     and _value(s, "specwatch_serving_placeholders", server="ngram") == 1)
 
     for name in names:
