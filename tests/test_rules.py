@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
+import sys
 from urllib.parse import urlsplit
 
 import pytest
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.collector import ExporterStatus, SpecwatchCollector
 from tests.chain import (
     ALERTS,
+    EXAMPLES,
     RUNBOOK_BASE,
     alert_rules,
     dashboard_queries,
@@ -174,3 +176,44 @@ def test_the_name_check_catches_a_misspelt_metric(exposed_names: set[str]) -> No
 ])
 def test_metric_names_are_read_from_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
+
+
+def test_example_prometheus_config_is_valid_and_loads_the_rules() -> None:
+    result = subprocess.run(["promtool", "check", "config", str(EXAMPLES / "prometheus.yml")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "specwatch.rules.yml" in result.stdout and "SUCCESS: 10 rules found" in result.stdout
+
+
+def test_example_alertmanager_config_is_valid() -> None:
+    result = subprocess.run(["amtool", "check-config", str(EXAMPLES / "alertmanager.yml")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("alert", [pytest.param(a, id=a["alert"]) for a in alert_rules()])
+def test_example_alertmanager_routes_critical_to_the_pager_and_warnings_to_tickets(alert: dict) -> None:
+    severity = alert["labels"]["severity"]
+    expected = {"critical": "specwatch-page", "warning": "specwatch-ticket"}[severity]
+    result = subprocess.run(
+        ["amtool", "config", "routes", "test", "--config.file", str(EXAMPLES / "alertmanager.yml"),
+         f"--verify.receivers={expected}", f"alertname={alert['alert']}", f"severity={severity}", "server=eval-a"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == expected
+
+
+def test_example_alertmanager_leaves_other_alerts_alone() -> None:
+    result = subprocess.run(
+        ["amtool", "config", "routes", "test", "--config.file", str(EXAMPLES / "alertmanager.yml"),
+         "alertname=NodeDown", "severity=critical"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "default"
+
+
+def test_example_specwatch_config_passes_check_config(monkeypatch) -> None:
+    monkeypatch.setenv("LLAMA_API_KEY", "example-key")
+    result = subprocess.run([sys.executable, "-m", "exporter", "run", "--check-config", "--config",
+                             str(EXAMPLES / "specwatch.yml")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "config OK: 2 server(s)" in result.stdout

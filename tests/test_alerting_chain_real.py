@@ -1,0 +1,216 @@
+"""The whole alerting chain on real processes: llama-servers, specwatch, Prometheus, Alertmanager, a webhook."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.llamaserver import LlamaServer, free_port
+from exporter.tinymodel import write_cycle_model
+from tests.chain import (
+    EXAMPLES,
+    RULES,
+    Delivery,
+    Process,
+    WebhookReceiver,
+    alert_rules,
+    dashboard_queries,
+    http_ok,
+    prometheus_query,
+    substitute,
+    wait_until,
+)
+
+pytestmark = pytest.mark.real
+
+# Short intervals so the chain completes in seconds; the rules themselves are loaded unchanged.
+POLL, CANARY, SCRAPE, EVALUATION, GROUP_WAIT = "1s", "2s", "1s", "1s", "1s"
+PAGE = "SpecwatchServingFillInLogprobs"
+
+
+def specwatch_config(servers: dict[str, str]) -> dict:
+    config = yaml.safe_load((EXAMPLES / "specwatch.yml").read_text())
+    (labels,) = {json.dumps(s.get("labels", {}), sort_keys=True) for s in config["servers"][:1]}
+    config["servers"] = [{"name": name, "url": url, "labels": json.loads(labels)} for name, url in servers.items()]
+    assert {"poll_interval", "canary_interval"} <= set(config)
+    config.update(poll_interval=POLL, poll_timeout="900ms", canary_interval=CANARY)
+    return config
+
+
+def prometheus_config(exporter: str, alertmanager: str) -> dict:
+    """examples/prometheus.yml with the test's addresses and intervals; everything else as a user gets it."""
+    config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval=SCRAPE, evaluation_interval=EVALUATION)
+    rule_files = [(EXAMPLES / path).resolve() for path in config["rule_files"]]
+    assert rule_files == [RULES], "the example must load the repository's rule file"
+    config["rule_files"] = [str(path) for path in rule_files]
+    (manager,) = config["alerting"]["alertmanagers"]
+    manager["static_configs"] = [{"targets": [alertmanager]}]
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "specwatch"]
+    job["scrape_interval"] = SCRAPE
+    job["static_configs"] = [{"targets": [exporter]}]
+    return config
+
+
+def alertmanager_config(webhook: str) -> dict:
+    """examples/alertmanager.yml with its placeholder URLs pointed at the test's receiver, one path per receiver."""
+    config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+    replaced = 0
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            assert ".example.invalid" in hook["url"], "the example's webhook URLs are placeholders"
+            hook["url"] = f"{webhook}/{receiver['name']}"
+            replaced += 1
+    assert replaced == 2
+
+    def shorten(route: dict) -> None:
+        route["group_wait"] = GROUP_WAIT
+        for child in route.get("routes", []):
+            shorten(child)
+
+    shorten(config["route"])
+    return config
+
+
+@dataclass
+class Chain:
+    prometheus: str
+    exporter: str
+    receiver: WebhookReceiver
+    page: Delivery
+    page_alert: dict
+    latency: float
+
+
+def _write(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _page(receiver: WebhookReceiver) -> tuple[Delivery, dict] | None:
+    for delivery, alert in receiver.alerts():
+        if alert["labels"].get("alertname") == PAGE and alert["labels"].get("server") == "draft" and alert["status"] == "firing":
+            return delivery, alert
+    return None
+
+
+def _has_series(prometheus: str, expr: str) -> bool:
+    return bool(prometheus_query(prometheus, expr))
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    work = tmp_path_factory.mktemp("chain")
+    model = write_cycle_model(work / "cycle.gguf")
+    plain = LlamaServer.of_kind("plain", model, log_dir=work)
+    draft = LlamaServer.of_kind("draft", model, log_dir=work)
+    receiver = WebhookReceiver().start()
+    ports = {name: free_port() for name in ("specwatch", "prometheus", "alertmanager")}
+    exporter, prometheus_address, alertmanager_address = (f"127.0.0.1:{ports[n]}" for n in ports)
+    prometheus = f"http://{prometheus_address}"
+
+    config = _write(work / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url}))
+    specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
+                                      "--log-level", "debug"], work)
+    alertmanager = Process("alertmanager", [
+        shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager",
+        f"--config.file={_write(work / 'alertmanager.yml', alertmanager_config(receiver.url))}",
+        f"--storage.path={work / 'alertmanager'}", f"--web.listen-address={alertmanager_address}",
+        "--cluster.listen-address=",
+    ], work)
+    prometheus_process = Process("prometheus", [
+        shutil.which("prometheus") or "/usr/bin/prometheus",
+        f"--config.file={_write(work / 'prometheus.yml', prometheus_config(exporter, alertmanager_address))}",
+        f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address={prometheus_address}",
+    ], work)
+    processes = [specwatch, alertmanager, prometheus_process]
+    try:
+        plain.start()
+        for process in processes:
+            process.start()
+        wait_until("specwatch, Alertmanager and Prometheus to be ready", lambda: all(
+            http_ok(url) for url in (f"http://{exporter}/-/ready", f"http://{alertmanager_address}/-/ready",
+                                     f"{prometheus}/-/ready")), timeout=30, processes=processes)
+        # The plain server has been canaried and scraped, and the still-absent speculating server has failed
+        # its probes, before the speculating server starts: the clock below measures only the fill-in path.
+        wait_until("the plain server's verdict and the missing server's failures in Prometheus", lambda: _has_series(
+            prometheus, 'specwatch_serving_placeholders{server="plain"}') and _has_series(
+            prometheus, 'specwatch_canary_failures_total{server="draft"}'), timeout=30, processes=processes)
+
+        started = time.monotonic()
+        draft.start()
+        healthy = time.monotonic() - started
+        delivery, alert = wait_until("the fill-in page", lambda: _page(receiver), timeout=45, processes=processes)
+        latency = delivery.at - started
+        print(f"\nspeculating llama-server start -> page at the webhook: {latency:.1f}s "
+              f"(server healthy after {healthy:.1f}s; poll {POLL}, canary {CANARY}, scrape {SCRAPE}, "
+              f"evaluation {EVALUATION}, rule for: 0s, group_wait {GROUP_WAIT})")
+        yield Chain(prometheus, exporter, receiver, delivery, alert, latency)
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        draft.stop()
+        plain.stop()
+        receiver.stop()
+
+
+def test_prometheus_runs_the_repository_rules_unchanged(chain: Chain) -> None:
+    with urllib.request.urlopen(f"{chain.prometheus}/api/v1/rules", timeout=10) as response:
+        groups = json.loads(response.read())["data"]["groups"]
+    loaded = {rule["name"]: rule for group in groups for rule in group["rules"] if rule["type"] == "alerting"}
+    for rule in alert_rules():
+        assert rule["alert"] in loaded
+        assert loaded[rule["alert"]]["duration"] == _seconds(rule.get("for", "0s"))
+        assert loaded[rule["alert"]]["annotations"] == rule["annotations"]
+
+
+def _seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return float(duration[:-1]) * units[duration[-1]]
+
+
+def test_the_speculating_server_pages_with_its_labels_and_annotations(chain: Chain) -> None:
+    assert chain.page.path == "/specwatch-page", "critical alerts must reach the paging receiver"
+    assert chain.page.body["receiver"] == "specwatch-page"
+    rule = next(rule for rule in alert_rules() if rule["alert"] == PAGE)
+    labels = chain.page_alert["labels"]
+    assert labels == {"alertname": PAGE, "severity": "critical", "job": "specwatch", "instance": chain.exporter,
+                      "server": "draft", "pool": "eval"}
+    annotations = chain.page_alert["annotations"]
+    assert annotations["summary"] == "llama-server draft serves fill-in logprobs"
+    assert annotations["description"].startswith(f"specwatch's canary on draft (exporter {chain.exporter}) got fill-in")
+    assert "restart it without speculative decoding" in annotations["description"]
+    assert annotations["runbook_url"] == rule["annotations"]["runbook_url"]
+    assert chain.latency < 45
+
+
+def test_the_plain_server_causes_no_alert(chain: Chain) -> None:
+    about_plain = [alert for _, alert in chain.receiver.alerts() if alert["labels"].get("server") == "plain"]
+    assert about_plain == []
+    assert prometheus_query(chain.prometheus, 'ALERTS{server="plain"}') == []
+    (verdict,) = prometheus_query(chain.prometheus, 'specwatch_serving_placeholders{server="plain"}')
+    assert verdict["value"][1] == "0"
+
+
+def test_every_dashboard_query_returns_data(chain: Chain) -> None:
+    queries = dashboard_queries()
+    assert len(queries) > 30
+    empty: list[str] = []
+
+    def all_answer() -> bool:
+        empty[:] = [str(q) for q in queries if not prometheus_query(chain.prometheus, substitute(q.expr))]
+        return not empty
+
+    try:
+        wait_until("every dashboard query to return data", all_answer, timeout=15, interval=1.0)
+    except AssertionError:
+        raise AssertionError("dashboard queries without data:\n" + "\n".join(empty)) from None
