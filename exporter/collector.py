@@ -95,6 +95,10 @@ class SpecwatchCollector(Collector):
 
         out.gauge("specwatch_build_info", "specwatch's version; always 1.")
         out.add("specwatch_build_info", {"version": __version__}, 1)
+        out.gauge("specwatch_poll_interval_seconds", "The configured poll_interval.")
+        out.add("specwatch_poll_interval_seconds", {}, status.poll_interval)
+        out.gauge("specwatch_canary_interval_seconds", "The configured canary_interval; alerts scale staleness with it.")
+        out.add("specwatch_canary_interval_seconds", {}, status.canary_interval)
         out.gauge("specwatch_servers", "Servers this exporter watches.")
         out.add("specwatch_servers", {}, len(servers))
         out.gauge("specwatch_config_last_reload_successful", "1 when the last configuration load or reload succeeded, else 0.")
