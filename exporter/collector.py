@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from exporter import __version__
+from exporter.settings import ServerConfig
 from exporter.state import Fleet, ServerState
 
 
@@ -24,8 +27,51 @@ def _seconds(value: float) -> str:
     return f"{value:g}s"
 
 
+Extra = tuple[tuple[str, str], ...]
+
+
+class _ServerLabels:
+    """One server's label set, with the label dict and exposition text of each extra-label combination memoised.
+
+    Built once per ServerConfig object, so a scrape neither rebuilds dicts nor sorts and escapes label values.
+    """
+
+    __slots__ = ("_dicts", "_texts", "base", "config")
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.base = {**config.labels, "server": config.name}
+        self._dicts: dict[Extra, dict[str, str]] = {}
+        self._texts: dict[Extra, str] = {}
+
+    def labels(self, extra: Extra) -> dict[str, str]:
+        found = self._dicts.get(extra)
+        if found is None:
+            if len(self._dicts) > _MEMO_LIMIT:
+                self._dicts.clear()  # build/model labels that keep changing must not grow this forever
+            found = self._dicts[extra] = {**self.base, **dict(extra)}
+        return found
+
+    def text(self, extra: Extra) -> str:
+        found = self._texts.get(extra)
+        if found is None:
+            if len(self._texts) > _MEMO_LIMIT:
+                self._texts.clear()
+            # generate_latest's form: keys sorted, values escaped the same way.
+            found = self._texts[extra] = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self.labels(extra).items()))
+        return found
+
+
+_MEMO_LIMIT = 64
+_NO_EXTRA: Extra = ()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
 class _Families:
-    """Metric families for one scrape; adds each server's static labels to its samples."""
+    """Metric families for one scrape, for the registry's encoders."""
 
     def __init__(self) -> None:
         self.families: dict[str, Metric] = {}
@@ -36,123 +82,310 @@ class _Families:
     def counter(self, name: str, doc: str) -> None:
         self.families[name] = CounterMetricFamily(name, doc, labels=[])
 
-    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+    def add(self, name: str, labels: _ServerLabels | None, extra: Extra, value: float) -> None:
         family = self.families[name]
         sample = f"{name}_total" if family.type == "counter" else name
-        family.add_sample(sample, labels, value)
+        family.add_sample(sample, labels.labels(extra) if labels is not None else dict(extra), value)
+
+
+class _Text:
+    """The same samples as exposition lines, grouped per family in the order they were added."""
+
+    def __init__(self, counters: frozenset[str]) -> None:
+        self.lines: dict[str, list[str]] = {}
+        self._counters = counters
+        # Consecutive samples mostly share one label set (a server's endpoint): skip the memo lookup for them.
+        self._last: tuple[_ServerLabels | None, Extra, str] = (None, _NO_EXTRA, "")
+
+    def add(self, name: str, labels: _ServerLabels | None, extra: Extra, value: float) -> None:
+        last_labels, last_extra, label_text = self._last
+        if labels is None:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(extra))
+        elif labels is not last_labels or extra is not last_extra:
+            label_text = labels.text(extra)
+            self._last = (labels, extra, label_text)
+        sample = f"{name}_total" if name in self._counters else name
+        line = f"{sample}{{{label_text}}} {_number(value)}\n" if label_text else f"{sample} {_number(value)}\n"
+        lines = self.lines.get(name)
+        if lines is None:
+            lines = self.lines[name] = []
+        lines.append(line)
+
+
+_SMALL_INTS = {i: floatToGoString(i) for i in range(-1, 1025)}
+
+
+def _number(value: float) -> str:
+    """floatToGoString, with the small integers most samples carry looked up instead of formatted."""
+    if type(value) is int:
+        found = _SMALL_INTS.get(value)
+        if found is not None:
+            return found
+    return floatToGoString(value)
+
+
+Out = _Families | _Text
+
+
+@dataclass(frozen=True)
+class _Family:
+    name: str
+    kind: str
+    doc: str
+
+
+def _server_families(status: ExporterStatus) -> list[_Family]:
+    cached = (
+        f"Cached from the last successful canary, refreshed every canary_interval "
+        f"(configured: {_seconds(status.canary_interval)})."
+    )
+    polled = f"From the last poll, every poll_interval (configured: {_seconds(status.poll_interval)})."
+    return [
+        _Family(
+            "specwatch_up", "gauge", f"1 when the last poll of /health, /props and /slots got valid answers, else 0. {polled}"
+        ),
+        _Family(
+            "specwatch_speculation_enabled", "gauge",
+            f"1 when the endpoint named by source reports speculative decoding on, 0 off; absent when unknown. {polled}",
+        ),
+        _Family(
+            "specwatch_speculation_contradiction", "gauge",
+            f"1 when /slots reports speculation on while /props reports none (a config audit reading /props is misled). {polled}",
+        ),
+        _Family("specwatch_slots", "gauge", f"Total slots (parallel sequences) of the server. {polled}"),
+        _Family("specwatch_server_info", "gauge", f"Build and model the server reports; always 1. {polled}"),
+        _Family("specwatch_poll_duration_seconds", "gauge", "Wall time of the last poll."),
+        _Family("specwatch_last_poll_success_timestamp_seconds", "gauge", "Unix time of the last successful poll."),
+        _Family("specwatch_poll_failures", "counter", "Failed polls by reason (a closed set; see the README)."),
+        _Family(
+            "specwatch_canary_placeholder_ratio", "gauge",
+            f"Fill-in (placeholder) logprobs among the canary's tokens after the first. {cached}",
+        ),
+        _Family("specwatch_canary_tokens", "gauge", f"Tokens in the canary's answer. {cached}"),
+        _Family("specwatch_canary_placeholder_tokens", "gauge", f"Fill-in tokens in the canary's answer. {cached}"),
+        _Family(
+            "specwatch_canary_mean_logprob", "gauge",
+            f"Mean logprob of the canary's answer, as an eval would compute it from the values the response carries. {cached}",
+        ),
+        _Family(
+            "specwatch_canary_draft_tokens", "gauge",
+            f"Tokens the server drafted for the canary (timings.draft_n), when reported. {cached}",
+        ),
+        _Family(
+            "specwatch_serving_placeholders", "gauge",
+            f"1 when the last successful canary of any endpoint found a fill-in logprob, else 0. {cached}",
+        ),
+        _Family(
+            "specwatch_canary_success", "gauge",
+            "1 when the last canary of the endpoint completed and could be classified, else 0.",
+        ),
+        _Family("specwatch_canary_duration_seconds", "gauge", "Wall time of the last canary of the endpoint."),
+        _Family(
+            "specwatch_canary_last_success_timestamp_seconds", "gauge", "Unix time of the last successful canary of the endpoint."
+        ),
+        _Family("specwatch_canary_failures", "counter", "Failed canaries by endpoint and reason (a closed set; see the README)."),
+    ]
+
+
+def _exporter_samples(out: Out, status: ExporterStatus, servers: int) -> list[_Family]:
+    """The exporter's own families, after the per-server ones; returns them so the text form can write their headers."""
+    families = [
+        _Family("specwatch_build_info", "gauge", "specwatch's version; always 1."),
+        _Family("specwatch_poll_interval_seconds", "gauge", "The configured poll_interval."),
+        _Family("specwatch_canary_interval_seconds", "gauge", "The configured canary_interval; alerts scale staleness with it."),
+        _Family("specwatch_servers", "gauge", "Servers this exporter watches."),
+        _Family(
+            "specwatch_config_last_reload_successful", "gauge", "1 when the last configuration load or reload succeeded, else 0."
+        ),
+    ]
+    if status.last_reload_success_timestamp is not None:
+        families.append(_Family(
+            "specwatch_config_last_reload_success_timestamp_seconds", "gauge",
+            "Unix time of the last successful configuration load or reload.",
+        ))
+    if isinstance(out, _Families):
+        for family in families:
+            out.gauge(family.name, family.doc)
+    out.add("specwatch_build_info", None, (("version", __version__),), 1)
+    out.add("specwatch_poll_interval_seconds", None, _NO_EXTRA, status.poll_interval)
+    out.add("specwatch_canary_interval_seconds", None, _NO_EXTRA, status.canary_interval)
+    out.add("specwatch_servers", None, _NO_EXTRA, servers)
+    out.add("specwatch_config_last_reload_successful", None, _NO_EXTRA, 1 if status.reload_successful else 0)
+    if status.last_reload_success_timestamp is not None:
+        out.add("specwatch_config_last_reload_success_timestamp_seconds", None, _NO_EXTRA, status.last_reload_success_timestamp)
+    return families
+
+
+def _poll_timing_samples(out: Out, server: ServerState, labels: _ServerLabels) -> None:
+    if server.poll_success is not None:
+        out.add("specwatch_up", labels, _NO_EXTRA, 1 if server.poll_success else 0)
+        out.add("specwatch_poll_duration_seconds", labels, _NO_EXTRA, server.poll_duration_seconds or 0.0)
+    if server.last_poll_success_timestamp is not None:
+        out.add("specwatch_last_poll_success_timestamp_seconds", labels, _NO_EXTRA, server.last_poll_success_timestamp)
+
+
+def _poll_answer_samples(out: Out, server: ServerState, labels: _ServerLabels) -> None:
+    for reason, count in sorted(server.poll_failures.items()):
+        out.add("specwatch_poll_failures", labels, (("reason", reason.value),), count)
+    poll = server.poll
+    if poll is not None:
+        props_on = poll.props.speculative
+        slots_on = poll.slots.speculative if poll.slots is not None else None
+        if slots_on is not None:
+            out.add("specwatch_speculation_enabled", labels, (("source", "slots"),), int(slots_on))
+        if props_on is not None:
+            out.add("specwatch_speculation_enabled", labels, (("source", "props"),), int(props_on))
+        if slots_on is not None and props_on is not None:
+            out.add("specwatch_speculation_contradiction", labels, _NO_EXTRA, int(slots_on and not props_on))
+        slots = poll.props.total_slots if poll.props.total_slots is not None else (poll.slots.count if poll.slots else None)
+        if slots is not None:
+            out.add("specwatch_slots", labels, _NO_EXTRA, slots)
+        out.add("specwatch_server_info", labels, (("build", poll.props.build), ("model", poll.props.model)), 1)
+
+
+def _canary_samples(out: Out, server: ServerState, labels: _ServerLabels) -> None:
+    for endpoint, canary in sorted(server.canaries.items()):
+        extra = (("endpoint", endpoint.value),)
+        out.add("specwatch_canary_success", labels, extra, int(canary.success))
+        out.add("specwatch_canary_duration_seconds", labels, extra, canary.duration_seconds)
+        if canary.last_success_timestamp is not None:
+            out.add("specwatch_canary_last_success_timestamp_seconds", labels, extra, canary.last_success_timestamp)
+        verdict = canary.last_result
+        if verdict is None:
+            continue
+        out.add("specwatch_canary_placeholder_ratio", labels, extra, verdict.placeholder_ratio)
+        out.add("specwatch_canary_tokens", labels, extra, verdict.tokens)
+        out.add("specwatch_canary_placeholder_tokens", labels, extra, verdict.placeholders)
+        if verdict.mean_logprob is not None:
+            out.add("specwatch_canary_mean_logprob", labels, extra, verdict.mean_logprob)
+        if verdict.draft_n is not None:
+            out.add("specwatch_canary_draft_tokens", labels, extra, verdict.draft_n)
+    for (endpoint, reason), count in sorted(server.canary_failures.items()):
+        out.add("specwatch_canary_failures", labels, (("endpoint", endpoint.value), ("reason", reason.value)), count)
+    serving = server.serving_placeholders
+    if serving is not None:
+        out.add("specwatch_serving_placeholders", labels, _NO_EXTRA, int(serving))
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Exposition lines that are a function of `key` alone: reusable while the key's members are equal."""
+
+    key: tuple[object, ...]
+    text: dict[str, str]
+    """Each family's lines, joined."""
+
+    def fits(self, key: tuple[object, ...]) -> bool:
+        return all(old is new or old == new for old, new in zip(self.key, key, strict=True))
+
+
+class _PartCache:
+    """One kind of per-server lines, rebuilt only for servers whose state behind them changed."""
+
+    def __init__(self, build: Callable[[Out, ServerState, _ServerLabels], None]) -> None:
+        self._build = build
+        self._parts: dict[str, _Part] = {}
+
+    def text(
+        self, server: ServerState, labels: _ServerLabels, key: tuple[object, ...], counters: frozenset[str]
+    ) -> dict[str, str]:
+        part = self._parts.get(server.config.name)
+        if part is not None and part.fits(key):
+            return part.text
+        out = _Text(counters)
+        self._build(out, server, labels)
+        text = {name: "".join(lines) for name, lines in out.lines.items()}
+        self._parts[server.config.name] = _Part(key, text)
+        return text
+
+    def forget(self, keep: set[str]) -> None:
+        for name in [n for n in self._parts if n not in keep]:
+            del self._parts[name]
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
+def _header(family: _Family) -> str:
+    name = f"{family.name}_total" if family.kind == "counter" else family.name
+    doc = family.doc.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {family.kind}\n"
 
 
 class SpecwatchCollector(Collector):
     def __init__(self, fleet: Fleet, status: Callable[[], ExporterStatus]) -> None:
         self._fleet = fleet
         self._status = status
+        self._labels: dict[str, _ServerLabels] = {}
+        self._answers = _PartCache(_poll_answer_samples)
+        self._canaries = _PartCache(_canary_samples)
+        self._render_lock = threading.Lock()
+
+    def _labels_for(self, server: ServerState) -> _ServerLabels:
+        found = self._labels.get(server.config.name)
+        if found is None or found.config is not server.config:
+            found = self._labels[server.config.name] = _ServerLabels(server.config)
+        return found
 
     def collect(self) -> Iterator[Metric]:
-        status = self._status()
-        servers = self._fleet.snapshot()
-        out = _Families()
-        cached = (
-            f"Cached from the last successful canary, refreshed every canary_interval "
-            f"(configured: {_seconds(status.canary_interval)})."
-        )
-        polled = f"From the last poll, every poll_interval (configured: {_seconds(status.poll_interval)})."
-        out.gauge("specwatch_up", f"1 when the last poll of /health, /props and /slots got valid answers, else 0. {polled}")
-        out.gauge(
-            "specwatch_speculation_enabled",
-            f"1 when the endpoint named by source reports speculative decoding on, 0 off; absent when unknown. {polled}",
-        )
-        out.gauge(
-            "specwatch_speculation_contradiction",
-            f"1 when /slots reports speculation on while /props reports none (a config audit reading /props is misled). {polled}",
-        )
-        out.gauge("specwatch_slots", f"Total slots (parallel sequences) of the server. {polled}")
-        out.gauge("specwatch_server_info", f"Build and model the server reports; always 1. {polled}")
-        out.gauge("specwatch_poll_duration_seconds", "Wall time of the last poll.")
-        out.gauge("specwatch_last_poll_success_timestamp_seconds", "Unix time of the last successful poll.")
-        out.counter("specwatch_poll_failures", "Failed polls by reason (a closed set; see the README).")
-        out.gauge(
-            "specwatch_canary_placeholder_ratio",
-            f"Fill-in (placeholder) logprobs among the canary's tokens after the first. {cached}",
-        )
-        out.gauge("specwatch_canary_tokens", f"Tokens in the canary's answer. {cached}")
-        out.gauge("specwatch_canary_placeholder_tokens", f"Fill-in tokens in the canary's answer. {cached}")
-        out.gauge(
-            "specwatch_canary_mean_logprob",
-            f"Mean logprob of the canary's answer, as an eval would compute it from the values the response carries. {cached}",
-        )
-        out.gauge("specwatch_canary_draft_tokens", f"Tokens the server drafted for the canary (timings.draft_n), when reported. {cached}")
-        out.gauge(
-            "specwatch_serving_placeholders",
-            f"1 when the last successful canary of any endpoint found a fill-in logprob, else 0. {cached}",
-        )
-        out.gauge("specwatch_canary_success", "1 when the last canary of the endpoint completed and could be classified, else 0.")
-        out.gauge("specwatch_canary_duration_seconds", "Wall time of the last canary of the endpoint.")
-        out.gauge("specwatch_canary_last_success_timestamp_seconds", "Unix time of the last successful canary of the endpoint.")
-        out.counter("specwatch_canary_failures", "Failed canaries by endpoint and reason (a closed set; see the README).")
-
-        for server in servers:
-            self._server(out, server)
-
-        out.gauge("specwatch_build_info", "specwatch's version; always 1.")
-        out.add("specwatch_build_info", {"version": __version__}, 1)
-        out.gauge("specwatch_poll_interval_seconds", "The configured poll_interval.")
-        out.add("specwatch_poll_interval_seconds", {}, status.poll_interval)
-        out.gauge("specwatch_canary_interval_seconds", "The configured canary_interval; alerts scale staleness with it.")
-        out.add("specwatch_canary_interval_seconds", {}, status.canary_interval)
-        out.gauge("specwatch_servers", "Servers this exporter watches.")
-        out.add("specwatch_servers", {}, len(servers))
-        out.gauge("specwatch_config_last_reload_successful", "1 when the last configuration load or reload succeeded, else 0.")
-        out.add("specwatch_config_last_reload_successful", {}, 1 if status.reload_successful else 0)
-        if status.last_reload_success_timestamp is not None:
-            out.gauge(
-                "specwatch_config_last_reload_success_timestamp_seconds",
-                "Unix time of the last successful configuration load or reload.",
-            )
-            out.add("specwatch_config_last_reload_success_timestamp_seconds", {}, status.last_reload_success_timestamp)
+        with self._render_lock:  # the memos are shared by scrapes on several HTTP threads
+            status = self._status()
+            servers = self._fleet.snapshot()
+            out = _Families()
+            for family in _server_families(status):
+                (out.counter if family.kind == "counter" else out.gauge)(family.name, family.doc)
+            for server in servers:
+                labels = self._labels_for(server)
+                _poll_timing_samples(out, server, labels)
+                _poll_answer_samples(out, server, labels)
+                _canary_samples(out, server, labels)
+            _exporter_samples(out, status, len(servers))
+            self._forget_removed(servers)
         yield from out.families.values()
 
-    @staticmethod
-    def _server(out: _Families, server: ServerState) -> None:
-        base = {**server.config.labels, "server": server.config.name}
-        if server.poll_success is not None:
-            out.add("specwatch_up", base, 1 if server.poll_success else 0)
-            out.add("specwatch_poll_duration_seconds", base, server.poll_duration_seconds or 0.0)
-        if server.last_poll_success_timestamp is not None:
-            out.add("specwatch_last_poll_success_timestamp_seconds", base, server.last_poll_success_timestamp)
-        for reason, count in sorted(server.poll_failures.items()):
-            out.add("specwatch_poll_failures", {**base, "reason": reason.value}, count)
-        poll = server.poll
-        if poll is not None:
-            props_on = poll.props.speculative
-            slots_on = poll.slots.speculative if poll.slots is not None else None
-            if slots_on is not None:
-                out.add("specwatch_speculation_enabled", {**base, "source": "slots"}, int(slots_on))
-            if props_on is not None:
-                out.add("specwatch_speculation_enabled", {**base, "source": "props"}, int(props_on))
-            if slots_on is not None and props_on is not None:
-                out.add("specwatch_speculation_contradiction", base, int(slots_on and not props_on))
-            slots = poll.props.total_slots if poll.props.total_slots is not None else (poll.slots.count if poll.slots else None)
-            if slots is not None:
-                out.add("specwatch_slots", base, slots)
-            out.add("specwatch_server_info", {**base, "build": poll.props.build, "model": poll.props.model}, 1)
-        for endpoint, canary in sorted(server.canaries.items()):
-            labels = {**base, "endpoint": endpoint.value}
-            out.add("specwatch_canary_success", labels, int(canary.success))
-            out.add("specwatch_canary_duration_seconds", labels, canary.duration_seconds)
-            if canary.last_success_timestamp is not None:
-                out.add("specwatch_canary_last_success_timestamp_seconds", labels, canary.last_success_timestamp)
-            verdict = canary.last_result
-            if verdict is None:
-                continue
-            out.add("specwatch_canary_placeholder_ratio", labels, verdict.placeholder_ratio)
-            out.add("specwatch_canary_tokens", labels, verdict.tokens)
-            out.add("specwatch_canary_placeholder_tokens", labels, verdict.placeholders)
-            if verdict.mean_logprob is not None:
-                out.add("specwatch_canary_mean_logprob", labels, verdict.mean_logprob)
-            if verdict.draft_n is not None:
-                out.add("specwatch_canary_draft_tokens", labels, verdict.draft_n)
-        for (endpoint, reason), count in sorted(server.canary_failures.items()):
-            out.add("specwatch_canary_failures", {**base, "endpoint": endpoint.value, "reason": reason.value}, count)
-        serving = server.serving_placeholders
-        if serving is not None:
-            out.add("specwatch_serving_placeholders", base, int(serving))
+    def exposition(self) -> bytes:
+        """These families in the Prometheus text format, byte for byte what generate_latest() makes of collect().
+
+        generate_latest() took 0.5 s for 1,000 servers. Here label text is built once per server config, and only
+        the lines of a poll's timing are formatted on every scrape: the lines of a poll's answer and of the
+        canaries (most of the series) are rebuilt only for servers whose answers changed.
+        """
+        with self._render_lock:
+            status = self._status()
+            servers = self._fleet.snapshot()
+            families = _server_families(status)
+            counters = frozenset(f.name for f in families if f.kind == "counter")
+            timing = _Text(counters)
+            answers: list[dict[str, str]] = []
+            canaries: list[dict[str, str]] = []
+            for server in servers:
+                labels = self._labels_for(server)
+                _poll_timing_samples(timing, server, labels)
+                answers.append(self._answers.text(server, labels, (server.config, server.poll, server.poll_failures), counters))
+                canaries.append(self._canaries.text(
+                    server, labels, (server.config, server.canaries, server.canary_failures), counters
+                ))
+            self._forget_removed(servers)
+            chunks: list[str] = []
+            for family in families:
+                chunks.append(_header(family))
+                name = family.name
+                # A family's samples all come from one kind of lines, so this keeps collect()'s order.
+                chunks.extend(timing.lines.get(name, ()))
+                for parts in (answers, canaries):
+                    if any(name in part for part in parts):
+                        chunks.extend([part[name] for part in parts if name in part])
+            tail = _Text(frozenset())
+            for family in _exporter_samples(tail, status, len(servers)):
+                chunks.append(_header(family))
+                chunks.extend(tail.lines.get(family.name, ()))
+            return "".join(chunks).encode("utf-8")
+
+    def _forget_removed(self, servers: list[ServerState]) -> None:
+        count = len(servers)
+        if len(self._labels) > count or len(self._answers) > count or len(self._canaries) > count:
+            names = {s.config.name for s in servers}
+            for name in [n for n in self._labels if n not in names]:
+                del self._labels[name]
+            self._answers.forget(names)
+            self._canaries.forget(names)
