@@ -1,0 +1,201 @@
+"""Fleet scale: a thousand simulated llama-servers polled within one interval by the real daemon, and a fast /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.genconfig import build_config, write_config
+from bench.simfleet import FleetOptions, SimFleetProcess, SimFleetThread
+from exporter.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon import Daemon
+from exporter.fetch import Fetcher, new_client
+from exporter.llamaserver import free_port
+from exporter.reasons import Reason
+from exporter.settings import Endpoint, Settings, load_settings
+from exporter.state import Fleet
+from exporter.watch import Watcher
+from tests.fakes import FakeLlama
+
+FLEET = 1000
+POLL_INTERVAL = 10.0
+
+
+@pytest.fixture(scope="module")
+def thousand_servers() -> Iterator[SimFleetProcess]:
+    # A process of its own, so the fleet's CPU does not slow the daemon's event loop.
+    with SimFleetProcess(FleetOptions(servers=FLEET, base_port=0, spec_share=0.2, latency_ms=5.0)) as fleet:
+        yield fleet
+
+
+async def test_a_thousand_servers_are_all_polled_within_one_interval(thousand_servers: SimFleetProcess, tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    write_config(config, build_config([s.as_dict() for s in thousand_servers.servers],
+                                      poll_interval=f"{POLL_INTERVAL:g}s", canary_interval="1h"))
+    daemon = Daemon(config, load_settings(config))
+    port = free_port()
+    requests_before = thousand_servers.stats()["by_path"].get("/health", 0)
+    started = time.time()
+    running = asyncio.create_task(daemon.run("127.0.0.1", port))
+    first_success: dict[str, float] = {}
+    try:
+        while time.time() < started + 3 * POLL_INTERVAL and len(first_success) < FLEET:
+            await asyncio.sleep(0.25)
+            for server in daemon.fleet.snapshot():
+                if server.poll_success and server.config.name not in first_success:
+                    first_success[server.config.name] = time.time() - started
+        scrape = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        snapshot = daemon.fleet.snapshot()
+    finally:
+        daemon.stop()
+        await asyncio.wait_for(running, 30)
+
+    assert len(first_success) == FLEET, f"{FLEET - len(first_success)} servers were never polled successfully"
+    latest = max(first_success.values())
+    # One interval, plus generous room for a loaded CI machine.
+    assert latest <= 1.5 * POLL_INTERVAL, f"the last server was first polled after {latest:.1f}s"
+    # Phase-spread: the fleet is polled across the interval, not in one burst at start.
+    assert min(first_success.values()) < 0.3 * POLL_INTERVAL < 0.7 * POLL_INTERVAL < latest
+    polled = thousand_servers.stats()["by_path"].get("/health", 0) - requests_before
+    assert FLEET <= polled <= 3 * FLEET, "each server is polled about once per interval, not hammered"
+    for server in snapshot:
+        speculating = server.config.labels["kind"] == "speculating"
+        assert server.poll is not None and server.poll.slots is not None
+        assert server.poll.slots.speculative is speculating
+        assert server.poll.props.speculative is False  # /props says "none" on every server, as real ones do
+    up = [s for family in text_string_to_metric_families(scrape) if family.name == "specwatch_up" for s in family.samples]
+    assert len(up) == FLEET and all(s.value == 1 for s in up)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return answer.read().decode()
+
+
+async def test_simulated_servers_answer_like_llama_server(monkeypatch) -> None:
+    """The simulated fleet is only worth benchmarking if specwatch reaches the real verdicts on it."""
+    monkeypatch.setenv("SIMFLEET_TEST_KEY", "sim-key")
+    with SimFleetThread(FleetOptions(servers=4, spec_share=0.5, latency_ms=1.0, api_key="sim-key")) as fleet:
+        servers = [{"name": s.name, "url": s.url, "api_key_env": "SIMFLEET_TEST_KEY"} for s in fleet.servers]
+        settings = Settings(servers=servers, canary_tokens=16)
+        client = new_client(4)
+        watcher = Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes))
+        try:
+            names = [s.name for s in fleet.servers]
+            await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
+        finally:
+            await client.aclose()
+        stats = fleet.fleet.stats.as_dict()
+    for sim in fleet.servers:
+        state = watcher.fleet.get(sim.name)
+        assert state is not None and state.poll_success, state
+        assert state.poll.slots.speculative is sim.speculative
+        assert state.serving_placeholders is sim.speculative
+        for endpoint in Endpoint:
+            verdict = state.canaries[endpoint].last_result
+            assert verdict is not None and verdict.tokens == 16
+            assert verdict.placeholders == (15 if sim.speculative else 0), (sim.name, endpoint)
+    # Connections are reused: a server's poll and canary share few connections.
+    assert stats["connections"] <= 4 * len(fleet.servers)
+
+
+async def test_simulated_servers_refuse_a_missing_api_key() -> None:
+    with SimFleetThread(FleetOptions(servers=1, latency_ms=0.0, api_key="sim-key")) as fleet:
+        async with httpx.AsyncClient() as client:
+            health = await client.get(f"{fleet.servers[0].url}/health")
+            props = await client.get(f"{fleet.servers[0].url}/props")
+            authorised = await client.get(f"{fleet.servers[0].url}/props", headers={"Authorization": "Bearer sim-key"})
+    assert health.status_code == 200
+    assert props.status_code == 401 and props.json()["error"]["type"] == "authentication_error"
+    assert authorised.status_code == 200 and authorised.json()["total_slots"] == 1
+
+
+def _registry_text(collector: SpecwatchCollector) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry)
+
+
+async def test_fast_exposition_is_byte_identical_to_generate_latest(make_watcher, monkeypatch, clock) -> None:
+    monkeypatch.setenv("FLEET_KEY", "right-key")
+    fakes = {
+        "plain": FakeLlama.plain(),
+        "draft": FakeLlama.draft(),
+        "noslots": FakeLlama.plain(slots_enabled=False),
+        "locked": FakeLlama.plain(api_key="other-key"),
+        "odd": FakeLlama.draft(model_alias='we"ird\\name\nx'),
+    }
+    servers = [
+        {"name": "plain", "url": "http://plain:8080", "labels": {"pool": "eval", "zone": 'a"b\\c\nd'}},
+        {"name": "draft", "url": "http://draft:8080", "labels": {"pool": "eval"}},
+        {"name": "noslots", "url": "http://noslots:8080"},
+        {"name": "locked", "url": "http://locked:8080", "api_key_env": "FLEET_KEY"},
+        {"name": "odd", "url": "http://odd:8080", "labels": {"model": "user-model", "aaa": "first"}},
+        {"name": "gone", "url": "http://gone:8080"},
+    ]
+    watcher = make_watcher(fakes, servers=servers, canary_tokens=8)
+    status = ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1_700_000_000.5)
+    collector = SpecwatchCollector(watcher.fleet, lambda: status)
+    names = [s["name"] for s in servers]
+
+    def same() -> None:
+        assert collector.exposition() == _registry_text(collector)
+
+    same()  # nothing polled yet: headers only
+    await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
+    same()
+    clock.advance(15)
+    await asyncio.gather(*(watcher.poll(n) for n in names))  # new timings, same answers: cached lines reused
+    same()
+    fakes["draft"].fill_ins = set()  # the canary's verdict changes: that server's lines are rebuilt
+    await watcher.canary("draft")
+    fakes["plain"].slots_enabled = False
+    await watcher.poll("plain")
+    same()
+    kept = [s for s in servers if s["name"] != "noslots"]
+    kept[0] = {**kept[0], "labels": {"pool": "other"}}
+    settings = Settings(servers=kept, canary_tokens=8)
+    watcher.apply(settings, list(settings.servers))
+    status = replace(status, reload_successful=False, last_reload_success_timestamp=None)
+    same()
+    text = collector.exposition().decode()
+    assert 'server="noslots"' not in text and 'pool="other",server="plain"' in text
+    assert f"specwatch_poll_failures_total{{reason=\"{Reason.CONNECTION_REFUSED.value}\",server=\"gone\"}} 2.0" in text
+
+
+async def test_fast_exposition_rebuilds_only_what_changed(make_watcher, monkeypatch) -> None:
+    """Not a timing test (the benchmark gives figures): a scrape must not redo the work for servers that did not change."""
+    import exporter.collector
+
+    built: list[str] = []
+    original = exporter.collector._canary_samples
+
+    def counting(out, server, labels) -> None:
+        built.append(server.config.name)
+        original(out, server, labels)
+
+    monkeypatch.setattr(exporter.collector, "_canary_samples", counting)
+    fakes = {f"s{i}": (FakeLlama.draft(tokens=8) if i % 5 == 0 else FakeLlama.plain(tokens=8)) for i in range(FLEET)}
+    watcher = make_watcher(fakes, canary_tokens=8, canary_endpoints=["chat"])
+    names = list(fakes)
+    await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
+    collector = SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    first = collector.exposition()
+    assert len(built) == FLEET
+    await asyncio.gather(*(watcher.poll(n) for n in names))
+    await watcher.canary("s7")
+    built.clear()
+    second = collector.exposition()
+    assert built == ["s7"], "only the server with a new canary result has its canary lines rebuilt"
+    assert second != first
+    monkeypatch.setattr(exporter.collector, "_canary_samples", original)
+    assert second == _registry_text(collector)
