@@ -7,15 +7,16 @@ import json
 import math
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from exporter.reasons import ProbeFailure, Reason
 
 USER_AGENT = "specwatch"
+T = TypeVar("T")
 
 
 class PerServerTransport(httpx.AsyncBaseTransport):
@@ -148,6 +149,49 @@ def finite(value: Any) -> bool:
         return False
 
 
+_detached: set[asyncio.Future[Any]] = set()
+
+
+async def _bounded(exchange: Coroutine[Any, Any, T], timeout: float) -> T:
+    """`exchange` in a task of its own; the caller gets its answer, or TIMEOUT after `timeout`.
+
+    A cancelled httpx request leaves its connection checked out for good when a second cancellation
+    strikes httpcore's cleanup (a deadline and an httpx read timeout landing together, as happens under
+    load): the socket stays open and the server's small pool fills until every request to it times out.
+    So the exchange is not cancelled at its deadline: it is left to end by itself, which it does within
+    about `timeout` (httpx times out each read, and the body loops check the deadline).
+    """
+    task = asyncio.ensure_future(exchange)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        _detach(task, timeout)
+        raise
+    if not done:
+        _detach(task, timeout)
+        raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s")
+    return task.result()
+
+
+def _detach(task: asyncio.Future[Any], timeout: float) -> None:
+    _detached.add(task)  # a reference until it ends, so it is not collected half-way
+    # Only an exchange still running long after its deadline (headers trickling in) is cancelled.
+    last_resort = asyncio.get_running_loop().call_later(2 * timeout, task.cancel)
+    task.add_done_callback(lambda done: _forget(done, last_resort))
+
+
+def _forget(task: asyncio.Future[Any], last_resort: asyncio.TimerHandle) -> None:
+    last_resort.cancel()
+    _detached.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not warn about an exception nobody awaited
+
+
+def _check_deadline(deadline: float, timeout: float) -> None:
+    if asyncio.get_running_loop().time() > deadline:
+        raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s")
+
+
 class Fetcher:
     """Requests to one fleet through one shared client."""
 
@@ -159,31 +203,29 @@ class Fetcher:
     async def _open(
         self, method: str, url: str, *, headers: dict[str, str], timeout: float, body: Any = None
     ) -> AsyncIterator[httpx.Response]:
-        # httpx timeouts apply per read; a body that trickles in needs an overall deadline too.
+        # httpx timeouts apply per read; a body that trickles in meets the overall deadline in the read loops.
         try:
-            async with asyncio.timeout(timeout):
-                async with self.client.stream(
-                    method, url, headers=headers, json=body, timeout=httpx.Timeout(timeout)
-                ) as response:
-                    reason = _status_reason(response.status_code)
-                    if reason is not None:
-                        where = response.headers.get("location", "")
-                        extra = f" to {where[:100]!r}" if reason is Reason.REDIRECT and where else ""
-                        raise ProbeFailure(reason, f"HTTP {response.status_code}{extra}")
-                    yield response
-        except TimeoutError:
-            raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s") from None
+            async with self.client.stream(
+                method, url, headers=headers, json=body, timeout=httpx.Timeout(timeout)
+            ) as response:
+                reason = _status_reason(response.status_code)
+                if reason is not None:
+                    where = response.headers.get("location", "")
+                    extra = f" to {where[:100]!r}" if reason is Reason.REDIRECT and where else ""
+                    raise ProbeFailure(reason, f"HTTP {response.status_code}{extra}")
+                yield response
         except httpx.TransportError as err:
             reason = classify_transport_error(err)
             raise ProbeFailure(reason, f"{err.__class__.__name__}: {str(err)[:200] or reason.value}") from None
 
-    async def _read_capped(self, response: httpx.Response) -> bytes:
+    async def _read_capped(self, response: httpx.Response, deadline: float, timeout: float) -> bytes:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             raise ProbeFailure(Reason.BODY_TOO_LARGE, f"declares {declared} bytes, cap is {self.max_bytes}")
         chunks: list[bytes] = []
         size = 0
         async for chunk in response.aiter_bytes():
+            _check_deadline(deadline, timeout)
             size += len(chunk)
             if size > self.max_bytes:
                 raise ProbeFailure(Reason.BODY_TOO_LARGE, f"body exceeds the {self.max_bytes}-byte cap")
@@ -191,19 +233,32 @@ class Fetcher:
         return b"".join(chunks)
 
     async def get_json(self, url: str, *, headers: dict[str, str], timeout: float) -> Any:
-        async with self._open("GET", url, headers=headers, timeout=timeout) as response:
-            return parse_json(await self._read_capped(response))
+        return await _bounded(self._get_json(url, headers=headers, timeout=timeout), timeout)
 
     async def post_json(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> Any:
-        async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
-            return parse_json(await self._read_capped(response))
+        return await _bounded(self._post_json(url, body, headers=headers, timeout=timeout), timeout)
 
     async def post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
         """The JSON payloads of a server-sent-event stream, up to `[DONE]` or the end."""
+        return await _bounded(self._post_events(url, body, headers=headers, timeout=timeout), timeout)
+
+    async def _get_json(self, url: str, *, headers: dict[str, str], timeout: float) -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        async with self._open("GET", url, headers=headers, timeout=timeout) as response:
+            return parse_json(await self._read_capped(response, deadline, timeout))
+
+    async def _post_json(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
+            return parse_json(await self._read_capped(response, deadline, timeout))
+
+    async def _post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
+        deadline = asyncio.get_running_loop().time() + timeout
         events: list[Any] = []
         size = 0
         async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
             async for line in response.aiter_lines():
+                _check_deadline(deadline, timeout)
                 size += len(line) + 1
                 if size > self.max_bytes:
                     raise ProbeFailure(Reason.BODY_TOO_LARGE, f"stream exceeds the {self.max_bytes}-byte cap")
