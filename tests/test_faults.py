@@ -428,3 +428,53 @@ async def test_huge_draft_count_cannot_break_the_scrape(clients, neighbour: Faul
     assert value(samples, "specwatch_canary_draft_tokens", server=FAULTY, endpoint="completion") is None
     assert value(samples, "specwatch_canary_placeholder_ratio", server=FAULTY, endpoint="completion") == 1.0
     assert value(samples, "specwatch_canary_success", server=NEIGHBOUR, endpoint="completion") == 1
+
+
+ROUNDS = 10
+
+
+def stranded_sockets(ports: set[int]) -> int:
+    """This process's TCP sockets to `ports` in CLOSE_WAIT: the server hung up, the client never closed its end."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        count += fields[3] == "08" and remote_port in ports and fields[9] in inodes
+    return count
+
+
+async def test_timeouts_under_load_never_strand_a_connection(clients) -> None:
+    """A timeout that lands during httpcore's cleanup used to leave the connection checked out, its socket open for good."""
+    import time
+
+    servers = [FaultServer().play(Hang(0.6), "/health").start() for _ in range(20)]
+    try:
+        config = Settings(servers=[{"name": f"s{i}", "url": s.url} for i, s in enumerate(servers)], poll_timeout=0.3)
+        watcher = Watcher(config, Fleet(config.servers), Fetcher(clients(), config.max_response_bytes))
+
+        async def busy_loop() -> None:
+            while True:  # a loaded event loop: deadlines land while cleanups are still running
+                time.sleep(0.003)
+                await asyncio.sleep(0)
+
+        load = asyncio.create_task(busy_loop())
+        for _ in range(ROUNDS):
+            await asyncio.gather(*(watcher.poll(f"s{i}") for i in range(len(servers))))
+        load.cancel()
+        await asyncio.sleep(1.0)  # every server has hung up by now
+        assert stranded_sockets({s.port for s in servers}) == 0
+        _, samples = scrape(watcher)
+        assert all(value(samples, "specwatch_poll_failures_total", server=f"s{i}", reason="timeout") == ROUNDS for i in range(20))
+    finally:
+        for server in servers:
+            server.stop()
