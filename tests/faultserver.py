@@ -399,6 +399,24 @@ def refused_url() -> str:
     return f"http://{HOST}:{port}"
 
 
+def stranded_sockets(ports: set[int]) -> int:
+    """This process's TCP sockets to `ports` in CLOSE_WAIT: the server hung up, the client never closed its end."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        count += fields[3] == "08" and remote_port in ports and fields[9] in inodes
+    return count
+
+
 @dataclass(frozen=True)
 class Certs:
     ca: Path

@@ -34,6 +34,7 @@ from tests.faultserver import (
     Truncated,
     make_certs,
     server_tls,
+    stranded_sockets,
 )
 
 TIMEOUT = 1.0
@@ -431,26 +432,6 @@ async def test_huge_draft_count_cannot_break_the_scrape(clients, neighbour: Faul
 
 
 ROUNDS = 10
-
-
-def stranded_sockets(ports: set[int]) -> int:
-    """This process's TCP sockets to `ports` in CLOSE_WAIT: the server hung up, the client never closed its end."""
-    import os
-
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
-        fields = line.split()
-        remote_port = int(fields[2].split(":")[1], 16)
-        count += fields[3] == "08" and remote_port in ports and fields[9] in inodes
-    return count
 
 
 async def test_timeouts_under_load_never_strand_a_connection(clients) -> None:
