@@ -97,19 +97,21 @@ class ServerConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:
+        # Errors name only scheme and host: a pasted URL may carry a key in its query or userinfo.
         parts = urlsplit(url.strip())
+        shown = f"{parts.scheme}://{parts.hostname or ''}"
         if parts.scheme not in ("http", "https"):
-            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+            raise ValueError(f"{shown!r} is not an http:// or https:// URL")
         if not parts.hostname:
-            raise ValueError(f"{url!r} has no host")
+            raise ValueError(f"{shown!r} has no host")
         if parts.username or parts.password:
             raise ValueError("credentials in the URL are not allowed; use api_key_file or api_key_env")
         if parts.query or parts.fragment:
-            raise ValueError(f"{url!r} must not carry a query or fragment")
+            raise ValueError(f"{shown!r} must not carry a query or fragment; use api_key_file or api_key_env for keys")
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as err:
-            raise ValueError(f"{url!r}: {err}") from None
+            raise ValueError(f"{shown!r}: {err}") from None
         return url.strip().rstrip("/")
 
     @field_validator("labels")
@@ -278,6 +280,13 @@ def _describe(err: ValidationError, data: Any) -> list[str]:
     return problems
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """What and where, without PyYAML's quote of the offending line: that line may hold a secret."""
+    problem = getattr(err, "problem", None) or "syntax error"
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Settings from `path` (YAML) and the environment; raises ConfigError listing every problem."""
     source = "configuration"
@@ -287,8 +296,10 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             raw = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as err:
             raise ConfigError([f"cannot read: {err.strerror}"], source) from None
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
-            raise ConfigError([f"not valid YAML: {err}"], source) from None
+        except UnicodeDecodeError:
+            raise ConfigError(["not UTF-8 text"], source) from None
+        except yaml.YAMLError as err:
+            raise ConfigError([f"not valid YAML: {yaml_problem(err)}"], source) from None
         if raw is not None and not isinstance(raw, dict):
             raise ConfigError(["the top level must be a mapping of keys such as servers:, poll_interval:"], source)
     token = _yaml_path.set(path)

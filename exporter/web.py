@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,6 +101,13 @@ class _WebServer(ThreadingHTTPServer):
     daemon_threads = True
     app: WebApp
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        # Plain HTTP on the TLS port, resets and stalled clients are the client's problem: no traceback.
+        error = sys.exc_info()[1]
+        if isinstance(error, ssl.SSLError | ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
 
 class _WebServer6(_WebServer):
     address_family = socket.AF_INET6
@@ -115,12 +124,15 @@ class WebApp:
         reload: Callable[[], str | None],
         ready: Callable[[], bool] = lambda: True,
         authorise: Callable[[str | None], bool] | None = None,
+        client_timeout: float = 30.0,
     ) -> None:
         self.registry = registry
         self.servers = servers
         self.reload = reload
         self.ready = ready
         self.authorise = authorise
+        # A client that stalls (mid-request or mid-TLS-handshake) gives up its thread after this long.
+        self.client_timeout = client_timeout
         self._httpd: _WebServer | None = None
 
     def landing_page(self) -> str:
@@ -155,7 +167,8 @@ tr.alarm td {{ background: #fde2e1; }}
 """
 
     def start(self, host: str, port: int, wrap_socket: Callable | None = None) -> tuple[str, int]:
-        httpd = (_WebServer6 if ":" in host else _WebServer)((host, port), _Handler)
+        handler = type("_Handler", (_Handler,), {"timeout": self.client_timeout})
+        httpd = (_WebServer6 if ":" in host else _WebServer)((host, port), handler)
         httpd.app = self
         if wrap_socket is not None:
             httpd.socket = wrap_socket(httpd.socket)

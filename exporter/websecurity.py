@@ -17,7 +17,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from exporter.settings import ConfigError
+from exporter.settings import ConfigError, yaml_problem
 
 TOP_KEYS = ("tls_server_config", "basic_auth_users")
 TLS_KEYS = ("cert_file", "key_file")
@@ -157,13 +157,6 @@ def _users(config: Any, problems: list[str]) -> dict[str, bytes]:
     return users
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """What and where, without PyYAML's quote of the offending line: that line may hold a hash or a password."""
-    problem = getattr(err, "problem", None) or "syntax error"
-    mark = getattr(err, "problem_mark", None)
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
-
-
 def load_web_config(path: Path | str) -> WebSecurity:
     """WebSecurity from a YAML file; raises ConfigError listing every problem. Relative paths are relative to the file."""
     path = Path(path)
@@ -175,7 +168,7 @@ def load_web_config(path: Path | str) -> WebSecurity:
     except UnicodeDecodeError:
         raise ConfigError(["not UTF-8 text"], source) from None
     except yaml.YAMLError as err:
-        raise ConfigError([f"not valid YAML: {_yaml_problem(err)}"], source) from None
+        raise ConfigError([f"not valid YAML: {yaml_problem(err)}"], source) from None
     if raw is None:
         return WebSecurity()
     if not isinstance(raw, dict):

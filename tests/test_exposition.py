@@ -96,3 +96,20 @@ def test_listens_on_ipv6_loopback() -> None:
         assert host == "::1" and httpx.get(f"http://[::1]:{port}/-/healthy").status_code == 200
     finally:
         app.stop()
+
+
+def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
+    import socket
+
+    app = WebApp(CollectorRegistry(auto_describe=False), servers=lambda: [], reload=lambda: None, client_timeout=0.5)
+    host, port = app.start("127.0.0.1", 0)
+    try:
+        stalled = socket.create_connection((host, port))
+        stalled.sendall(b"GET /metr")  # and then nothing
+        assert httpx.get(f"http://{host}:{port}/-/healthy").status_code == 200
+        stalled.settimeout(5)
+        assert stalled.recv(100) == b""  # closed by the server after client_timeout
+        stalled.close()
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        app.stop()
