@@ -257,3 +257,11 @@ def test_a_bad_web_config_stops_the_exporter_with_the_problems(tmp_path) -> None
         f"  - tls_server_config.cert_file: {str(tmp_path / 'nope.pem')!r} cannot be read: No such file or directory\n"
         f"  - tls_server_config.key_file: {str(tmp_path / 'nope-key.pem')!r} cannot be read: No such file or directory\n"
     )
+
+
+def test_the_shipped_example_loads_once_its_certificates_exist(tmp_path, certs) -> None:
+    example = (Path(__file__).parent.parent / "examples" / "web-config.yml").read_text()
+    text = example.replace("/etc/specwatch/tls/cert.pem", str(certs.cert)).replace("/etc/specwatch/tls/key.pem", str(certs.key))
+    security = load_web_config(write(tmp_path / "web.yml", text))
+    assert security.tls is not None
+    assert security.authorise(basic("prometheus", "test")) and not security.authorise(basic("prometheus", "nope"))
