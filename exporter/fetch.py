@@ -16,6 +16,7 @@ import httpx
 from exporter.reasons import ProbeFailure, Reason
 
 USER_AGENT = "specwatch"
+LLAMA_KEEPALIVE_SECONDS = 5.0
 T = TypeVar("T")
 
 
@@ -72,7 +73,11 @@ def new_client(max_connections: int, *, verify: bool | ssl.SSLContext = True) ->
 
     `max_connections` bounds the connections to any one server; the watcher's semaphore bounds the total.
     """
-    transport = PerServerTransport(verify=verify, per_server=max(1, min(max_connections, 4)), keepalive_expiry=120.0)
+    # llama-server closes a connection idle for 5 s (it answers "Keep-Alive: timeout=5"); reusing one near that
+    # moment races its close and fails the request as a reset, so idle connections are given up a second earlier.
+    transport = PerServerTransport(
+        verify=verify, per_server=max(1, min(max_connections, 4)), keepalive_expiry=LLAMA_KEEPALIVE_SECONDS - 1.0
+    )
     return httpx.AsyncClient(
         follow_redirects=False,
         trust_env=False,
