@@ -287,19 +287,24 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
+def read_yaml(path: Path, source: str) -> Any:
+    """The parsed YAML file, or a ConfigError that names `source` and never quotes the file."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError([f"cannot read: {err.strerror}"], source) from None
+    except UnicodeDecodeError:
+        raise ConfigError(["not UTF-8 text"], source) from None
+    except yaml.YAMLError as err:
+        raise ConfigError([f"not valid YAML: {yaml_problem(err)}"], source) from None
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Settings from `path` (YAML) and the environment; raises ConfigError listing every problem."""
     source = "configuration"
     if path is not None:
         source = f"config file {str(path)!r}"
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as err:
-            raise ConfigError([f"cannot read: {err.strerror}"], source) from None
-        except UnicodeDecodeError:
-            raise ConfigError(["not UTF-8 text"], source) from None
-        except yaml.YAMLError as err:
-            raise ConfigError([f"not valid YAML: {yaml_problem(err)}"], source) from None
+        raw = read_yaml(path, source)
         if raw is not None and not isinstance(raw, dict):
             raise ConfigError(["the top level must be a mapping of keys such as servers:, poll_interval:"], source)
     token = _yaml_path.set(path)

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import yaml
 
-from exporter.settings import ConfigError, yaml_problem
+from exporter.settings import ConfigError, read_yaml
 
 TOP_KEYS = ("tls_server_config", "basic_auth_users")
 TLS_KEYS = ("cert_file", "key_file")
@@ -161,14 +160,7 @@ def load_web_config(path: Path | str) -> WebSecurity:
     """WebSecurity from a YAML file; raises ConfigError listing every problem. Relative paths are relative to the file."""
     path = Path(path)
     source = f"web config file {str(path)!r}"
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ConfigError([f"cannot read: {err.strerror}"], source) from None
-    except UnicodeDecodeError:
-        raise ConfigError(["not UTF-8 text"], source) from None
-    except yaml.YAMLError as err:
-        raise ConfigError([f"not valid YAML: {yaml_problem(err)}"], source) from None
+    raw = read_yaml(path, source)
     if raw is None:
         return WebSecurity()
     if not isinstance(raw, dict):

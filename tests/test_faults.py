@@ -9,10 +9,7 @@ from typing import Any
 
 import pytest
 import structlog
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import ExporterStatus, SpecwatchCollector
 from exporter.fetch import Fetcher, new_client
 from exporter.settings import Settings
 from exporter.state import Fleet
@@ -36,6 +33,7 @@ from tests.faultserver import (
     server_tls,
     stranded_sockets,
 )
+from tests.metrics import exposition, parse, value
 
 TIMEOUT = 1.0
 MAX_BYTES = 256 * 1024
@@ -43,18 +41,8 @@ FAULTY, NEIGHBOUR = "faulty", "neighbour"
 
 
 def scrape(watcher: Watcher) -> tuple[str, dict[tuple[str, tuple], float]]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1.0)))
-    text = generate_latest(registry).decode()
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return text, found
-
-
-def value(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    text = exposition(watcher.fleet)
+    return text, parse(text)
 
 
 def server_series(samples: dict, server: str, name: str) -> list[tuple]:

@@ -5,27 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import ExporterStatus, SpecwatchCollector
 from exporter.reasons import Reason
 from tests.fakes import FakeLlama
+from tests.metrics import exposition, parse, value
 
 
 def _samples(watcher) -> dict[tuple[str, tuple], float]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1.0)))
-    text = generate_latest(registry).decode()
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def value(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    return parse(exposition(watcher.fleet))
 
 
 async def test_plain_and_speculating_servers_side_by_side(make_watcher) -> None:

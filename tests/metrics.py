@@ -1,0 +1,29 @@
+"""Scrape helpers for tests: the collector's exposition as a dict of samples."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import ExporterStatus, SpecwatchCollector
+from exporter.state import Fleet
+
+Samples = dict[tuple[str, tuple], float]
+
+
+def parse(text: str) -> Samples:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def exposition(fleet: Fleet) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecwatchCollector(fleet, lambda: ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1.0)))
+    return generate_latest(registry).decode()
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
