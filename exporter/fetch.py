@@ -282,16 +282,29 @@ class Fetcher:
         async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
             return parse_json(await self._read_capped(response, deadline, timeout))
 
+    async def _capped_lines(self, response: httpx.Response, deadline: float, timeout: float) -> AsyncIterator[str]:
+        """The body's lines, counting raw bytes as they arrive: one endless line cannot grow past the cap."""
+        size, pending = 0, bytearray()
+        async for chunk in response.aiter_bytes():
+            _check_deadline(deadline, timeout)
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise ProbeFailure(Reason.BODY_TOO_LARGE, f"stream exceeds the {self.max_bytes}-byte cap")
+            pending += chunk
+            if b"\n" not in chunk:
+                continue
+            *lines, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if pending:
+            yield pending.rstrip(b"\r").decode("utf-8", "replace")
+
     async def _post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
         deadline = asyncio.get_running_loop().time() + timeout
         events: list[Any] = []
-        size = 0
         async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
-            async for line in response.aiter_lines():
-                _check_deadline(deadline, timeout)
-                size += len(line) + 1
-                if size > self.max_bytes:
-                    raise ProbeFailure(Reason.BODY_TOO_LARGE, f"stream exceeds the {self.max_bytes}-byte cap")
+            async for line in self._capped_lines(response, deadline, timeout):
                 if not line.startswith("data:"):
                     if line.startswith("error:"):
                         raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {line[6:][:200].strip()}")
