@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.core import Metric
 
 from exporter import __version__
 from exporter.collector import ExporterStatus, SpecwatchCollector
@@ -32,6 +34,16 @@ def watched_servers(settings: Settings, shard: str | None = None) -> list[Server
         return list(settings.servers)
     index, count = parse_shard(chosen)
     return select(settings.servers, lambda s: s.name, index, count)
+
+
+class _Delegate:
+    """Puts one registry's metrics into another, so OpenMetrics scrapes see everything."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return self._registry.collect()
 
 
 def landing_row(state: ServerState) -> ServerLink:
@@ -79,10 +91,13 @@ class Daemon:
             canary_interval=settings.canary_interval,
             last_reload_success_timestamp=time.time(),
         )
+        self.collector = SpecwatchCollector(self.fleet, lambda: self.status)
+        self.process_registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.process_registry)
+        PlatformCollector(registry=self.process_registry)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SpecwatchCollector(self.fleet, lambda: self.status))
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
+        self.registry.register(self.collector)
+        self.registry.register(_Delegate(self.process_registry))
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._reload_lock = asyncio.Lock()
@@ -90,6 +105,7 @@ class Daemon:
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
             self.registry,
+            text_exposition=lambda: self.collector.exposition() + generate_latest(self.process_registry),
             servers=lambda: [landing_row(s) for s in self.fleet.snapshot()],
             reload=self.reload_from_thread,
             authorise=authorise,

@@ -113,3 +113,23 @@ def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
         assert "Traceback" not in capfd.readouterr().err
     finally:
         app.stop()
+
+
+def test_daemon_serves_the_fast_text_and_openmetrics_with_process_metrics() -> None:
+    from exporter.daemon import Daemon
+    from exporter.settings import load_settings
+
+    daemon = Daemon(None, load_settings(None))
+    app = daemon.web_app()
+    host, port = app.start("127.0.0.1", 0)
+    try:
+        text = httpx.get(f"http://{host}:{port}/metrics").text
+        openmetrics = httpx.get(f"http://{host}:{port}/metrics",
+                                headers={"Accept": "application/openmetrics-text; version=1.0.0"}).text
+    finally:
+        app.stop()
+    for body in (text, openmetrics):
+        assert "specwatch_build_info{" in body and "process_cpu_seconds_total" in body and "python_info{" in body
+    assert text.count("# TYPE specwatch_servers gauge") == 1
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
+    assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
