@@ -77,3 +77,14 @@ def test_bad_shard() -> None:
 def test_check_rejects_a_bad_url() -> None:
     result = _run("check", "ftp://x")
     assert result.returncode == 2 and "is not an http:// or https:// URL" in result.stderr
+
+
+def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n" + "".join(f"  - {{name: s{i}, url: 'http://h:{1000 + i}'}}\n" for i in range(5000)))
+    result = subprocess.run(
+        f"{sys.executable} -m exporter run --config {config} --check-config | head -1", shell=True,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.stdout.startswith("config OK: 5000 server(s)")
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
