@@ -1,4 +1,4 @@
-"""A llama-server look-alike for httpx.MockTransport, answering in the shapes FACTS.md records for build 11434."""
+"""A llama-server look-alike for httpx.MockTransport, answering in the shapes of llama-server build 11434 (docs/llama-server-behaviour.md)."""
 
 from __future__ import annotations
 

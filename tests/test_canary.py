@@ -1,4 +1,4 @@
-"""The token classifier and the canary response parsers, on the shapes FACTS.md records."""
+"""The token classifier and the canary response parsers, on the shapes docs/llama-server-behaviour.md records."""
 
 from __future__ import annotations
 

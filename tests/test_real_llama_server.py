@@ -240,3 +240,21 @@ def test_restart_keeps_url(model):
         assert s.url == url and s._proc.pid != pid
         assert request(s, "GET", "/health")[0] == 200
     assert not s.running
+
+
+def test_no_request_field_switches_speculation_off(server):
+    body = completion(server("draft"), **{"speculative.n_max": 0, "speculative.n_min": 0})
+    check_fill_ins("draft", body["completion_probabilities"])
+    assert body["timings"]["draft_n"] > 0
+
+
+def test_draft_timings_only_where_the_server_drafted(server):
+    assert completion(server("draft"))["timings"]["draft_n"] > 0
+    assert "draft_n" not in completion(server("plain"))["timings"]
+
+
+def test_idle_connections_are_announced_to_close_after_five_seconds(server):
+    # The exporter gives up idle connections a second earlier, so a reuse never races the close.
+    req = urllib.request.Request(server("plain").url + "/health")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.headers.get("Keep-Alive", "").split(",")[0] == "timeout=5"
