@@ -255,6 +255,13 @@ def test_draft_timings_only_where_the_server_drafted(server):
 
 def test_idle_connections_are_announced_to_close_after_five_seconds(server):
     # The exporter gives up idle connections a second earlier, so a reuse never races the close.
-    req = urllib.request.Request(server("plain").url + "/health")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        assert resp.headers.get("Keep-Alive", "").split(",")[0] == "timeout=5"
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", server("plain").port, timeout=10)
+    try:
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        response.read()
+        assert response.getheader("Keep-Alive", "").split(",")[0] == "timeout=5"
+    finally:
+        connection.close()
