@@ -13,7 +13,6 @@ from exporter.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
 from exporter.settings import Endpoint, ServerConfig
 
-
 ROUNDS = 2
 
 
@@ -63,7 +62,8 @@ def decide(report: CheckReport) -> CheckReport:
 
     if faked:
         worst = ", ".join(f"{e.endpoint} {e.placeholder_tokens}/{(e.tokens or 1) - 1}" for e in faked)
-        return done("fill_ins", Exit.FAKE, f"the server serves fill-in logprobs (placeholders/tokens after the first: {worst}); do not score")
+        summary = f"the server serves fill-in logprobs (placeholders/tokens after the first: {worst}); do not score"
+        return done("fill_ins", Exit.FAKE, summary)
     if failed:
         why = "; ".join(f"{e.endpoint}: {e.error}" for e in failed)
         return done("unchecked", Exit.UNCHECKED, f"could not check every endpoint: {why}")

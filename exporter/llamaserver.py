@@ -27,7 +27,7 @@ SERVER_KINDS: dict[str, list[str]] = {
 }
 
 
-class LlamaServerNotFound(RuntimeError):  # noqa: N818 - the name callers already import
+class LlamaServerNotFound(RuntimeError):
     """No llama-server binary is installed."""
 
 

@@ -206,7 +206,9 @@ class Settings(BaseSettings):
         if duplicates:
             raise ConfigError(duplicates)
         if settings.poll_timeout >= settings.poll_interval:
-            raise ConfigError([f"poll_timeout ({settings.poll_timeout}s) must be shorter than poll_interval ({settings.poll_interval}s)"])
+            raise ConfigError([
+                f"poll_timeout ({settings.poll_timeout}s) must be shorter than poll_interval ({settings.poll_interval}s)"
+            ])
         return settings
 
     @classmethod

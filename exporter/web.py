@@ -39,7 +39,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # scrapes every few seconds would drown the daemon's own logs
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -85,7 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"not found; see / for what is served\n")
 
-    do_HEAD = do_GET
+    do_HEAD = do_GET  # noqa: N815 - stdlib naming
 
     def do_POST(self) -> None:
         if not self._authorised():

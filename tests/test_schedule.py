@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -16,7 +16,7 @@ def _servers(n: int) -> list[dict]:
 
 def _schedule(make_watcher, n: int, **kw: object) -> Schedule:
     watcher = make_watcher({}, servers=_servers(n), **kw)
-    scheduler = AsyncIOScheduler(timezone=timezone.utc)
+    scheduler = AsyncIOScheduler(timezone=UTC)
     scheduler.start(paused=True)
     schedule = Schedule(watcher, scheduler)
     schedule.sync(list(watcher.settings.servers))
@@ -24,7 +24,7 @@ def _schedule(make_watcher, n: int, **kw: object) -> Schedule:
 
 
 def _offsets(schedule: Schedule, kind: str) -> list[float]:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [(j.next_run_time - now).total_seconds() for j in schedule.scheduler.get_jobs() if j.id.startswith(kind)]
 
 
@@ -47,7 +47,7 @@ async def test_large_fleet_is_spread_over_the_interval(make_watcher) -> None:
 
 async def test_reload_adds_removes_and_retimes_jobs(make_watcher) -> None:
     schedule = _schedule(make_watcher, 3)
-    settings = Settings(servers=_servers(2) + [{"name": "new", "url": "http://new:1"}], poll_interval=30)
+    settings = Settings(servers=[*_servers(2), {"name": "new", "url": "http://new:1"}], poll_interval=30)
     schedule.watcher.apply(settings, list(settings.servers))
     schedule.sync(list(settings.servers))
     ids = sorted(j.id for j in schedule.scheduler.get_jobs())
