@@ -133,3 +133,12 @@ def test_daemon_serves_the_fast_text_and_openmetrics_with_process_metrics() -> N
     assert text.count("# TYPE specwatch_servers gauge") == 1
     lint = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
     assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+
+
+def test_readme_documents_exactly_the_exposed_metrics() -> None:
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    documented = set(re.findall(r"specwatch_[a-z_]+[a-z]", readme))
+    exposed = set(re.findall(r"^# TYPE (specwatch_[a-z_]+) ", GOLDEN.read_text(), flags=re.M))
+    assert documented == exposed
