@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from urllib.parse import quote
 
 from exporter.canary import STREAMING, Verdict, classify, request_for, tokens_from_events, tokens_from_response
 from exporter.fetch import Fetcher
@@ -54,8 +55,6 @@ def auth_headers(server: ServerConfig) -> dict[str, str]:
 
 
 def _model_query(server: ServerConfig) -> str:
-    from urllib.parse import quote
-
     return f"?model={quote(server.model, safe='')}" if server.model else ""
 
 
