@@ -88,3 +88,12 @@ def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     )
     assert result.stdout.startswith("config OK: 5000 server(s)")
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+
+
+def test_config_file_from_the_environment(tmp_path: Path) -> None:
+    import os
+
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: from-env, url: 'http://h:1'}\n")
+    result = _run("run", "--check-config", env={**os.environ, "SPECWATCH_CONFIG_FILE": str(config)})
+    assert result.returncode == 0 and "  from-env: http://h:1 (no api key)" in result.stdout
