@@ -12,7 +12,7 @@ import structlog
 from exporter import probes
 from exporter.fetch import Fetcher
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import ServerConfig, Settings
+from exporter.settings import Endpoint, ServerConfig, Settings
 from exporter.state import Fleet
 
 log = structlog.get_logger("specwatch")
@@ -89,23 +89,36 @@ class Watcher:
                     ),
                     timeout,
                 )
+                before = self._serving(name, endpoint)
                 self.fleet.record_canary(name, endpoint, verdict=verdict, reason=reason, duration=duration, now=self._clock())
-                if reason is not None:
+                if verdict is None:
                     log.warning(
-                        "canary_failed", server=name, endpoint=endpoint.value, reason=reason.value, detail=detail,
+                        "canary_failed", server=name, endpoint=endpoint.value, reason=reason and reason.value, detail=detail,
                         duration=round(duration, 4),
                     )
-                elif verdict is not None and verdict.placeholders:
-                    log.warning(
-                        "fill_in_logprobs", server=name, endpoint=endpoint.value, tokens=verdict.tokens,
-                        placeholders=verdict.placeholders, draft_n=verdict.draft_n,
-                    )
+                    continue
+                serving = verdict.placeholders > 0
+                fields = {"server": name, "endpoint": endpoint.value, "tokens": verdict.tokens,
+                          "placeholders": verdict.placeholders, "draft_n": verdict.draft_n}
+                # A speculating server would otherwise log the same warning every canary_interval, forever.
+                if serving and before is not True:
+                    log.warning("fill_in_logprobs", **fields)
+                elif not serving and before is True:
+                    log.info("fill_in_logprobs_stopped", **fields)
                 else:
-                    log.debug("canary_ok", server=name, endpoint=endpoint.value, duration=round(duration, 4))
+                    log.debug("canary_ok", duration=round(duration, 4), **fields)
         except asyncio.CancelledError:
             log.debug("canary_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard((name, "canary"))
+
+    def _serving(self, name: str, endpoint: Endpoint) -> bool | None:
+        """Whether the cached verdict of this endpoint shows fill-ins; None before any success."""
+        state = self.fleet.get(name)
+        canary = state.canaries.get(endpoint) if state is not None else None
+        if canary is None or canary.last_result is None:
+            return None
+        return canary.last_result.placeholders > 0
 
     def _claim(self, name: str, kind: str) -> ServerConfig | None:
         """The server's config if no `kind` probe is in flight for it; a slow server never piles up probes."""
