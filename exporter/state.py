@@ -14,12 +14,16 @@ from exporter.settings import Endpoint, ServerConfig
 
 @dataclass(frozen=True)
 class CanaryState:
-    success: bool
     duration_seconds: float
     last_result: Verdict | None = None
     """The last successful canary's verdict: cached until the next success."""
     last_success_timestamp: float | None = None
     failure_reason: Reason | None = None
+    """Why the last canary failed; None when it succeeded."""
+
+    @property
+    def success(self) -> bool:
+        return self.failure_reason is None
 
 
 @dataclass(frozen=True)
@@ -27,13 +31,19 @@ class ServerState:
     config: ServerConfig
     poll: PollResult | None = None
     """The last poll's answer; None when the last poll failed or none has run."""
-    poll_success: bool | None = None
     poll_failure_reason: Reason | None = None
     poll_duration_seconds: float | None = None
     last_poll_success_timestamp: float | None = None
     poll_failures: Mapping[Reason, int] = field(default_factory=lambda: MappingProxyType({}))
     canaries: Mapping[Endpoint, CanaryState] = field(default_factory=lambda: MappingProxyType({}))
     canary_failures: Mapping[tuple[Endpoint, Reason], int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def poll_success(self) -> bool | None:
+        """True after a good poll, False after a failed one, None before the first."""
+        if self.poll is not None:
+            return True
+        return False if self.poll_failure_reason is not None else None
 
     @property
     def serving_placeholders(self) -> bool | None:
@@ -89,14 +99,13 @@ class Fleet:
             return
         if reason is None:
             self._update(
-                name, poll=result, poll_success=True, poll_failure_reason=None, poll_duration_seconds=duration,
+                name, poll=result, poll_failure_reason=None, poll_duration_seconds=duration,
                 last_poll_success_timestamp=now,
             )
         else:
             self._update(
                 name,
                 poll=None,
-                poll_success=False,
                 poll_failure_reason=reason,
                 poll_duration_seconds=duration,
                 poll_failures=_bumped(old.poll_failures, reason),
@@ -110,11 +119,10 @@ class Fleet:
             return
         previous = old.canaries.get(endpoint)
         if reason is None:
-            state = CanaryState(success=True, duration_seconds=duration, last_result=verdict, last_success_timestamp=now)
+            state = CanaryState(duration_seconds=duration, last_result=verdict, last_success_timestamp=now)
             failures = old.canary_failures
         else:
             state = CanaryState(
-                success=False,
                 duration_seconds=duration,
                 last_result=previous.last_result if previous else None,
                 last_success_timestamp=previous.last_success_timestamp if previous else None,
