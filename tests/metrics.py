@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,3 +28,16 @@ def exposition(fleet: Fleet) -> str:
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def scrape(url: str) -> Samples:
+    """The samples a running exporter serves at `url`."""
+    return parse(httpx.get(url, timeout=10).text)
+
+
+def find(samples: Samples, name: str, **labels: str) -> float | None:
+    """The one sample of `name` whose labels include `labels`, whatever other labels it has."""
+    wanted = set(labels.items())
+    matches = [v for (sample, found), v in samples.items() if sample == name and wanted <= set(found)]
+    assert len(matches) <= 1, (name, labels, matches)
+    return matches[0] if matches else None

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.llamaserver import LlamaServer, free_port
 from exporter.tinymodel import write_cycle_model
+from tests.metrics import find, scrape
 
 pytestmark = pytest.mark.real
 
@@ -82,24 +82,12 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
         process.wait(10)
 
 
-def _samples(url: str) -> dict[tuple[str, frozenset], float]:
-    text = httpx.get(url, timeout=5).text
-    return {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-
-def _value(samples: dict, name: str, **labels: str) -> float | None:
-    wanted = set(labels.items())
-    matches = [v for (n, found), v in samples.items() if n == name and wanted <= found]
-    assert len(matches) <= 1, (name, labels, matches)
-    return matches[0] if matches else None
-
-
 def _wait(url: str, ready, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     samples: dict = {}
     while time.monotonic() < deadline:
         try:
-            samples = _samples(url)
+            samples = scrape(url)
         except httpx.HTTPError:
             samples = {}
         if samples and ready(samples):
@@ -112,42 +100,42 @@ def test_exporter_tells_each_kind_of_server_apart(exporter_metrics: tuple[str, P
     url, log = exporter_metrics
     names = ("plain", "draft", "ngram", "locked", "noslots")
     # n-gram speculation learns from earlier requests; give it a few canary rounds to start drafting.
-    samples = _wait(url, lambda s: all(_value(s, "specwatch_canary_success", server=n, endpoint=e) is not None
+    samples = _wait(url, lambda s: all(find(s, "specwatch_canary_success", server=n, endpoint=e) is not None
                                        for n in names for e in ENDPOINTS)
-                    and _value(s, "specwatch_serving_placeholders", server="ngram") == 1)
+                    and find(s, "specwatch_serving_placeholders", server="ngram") == 1)
 
     for name in names:
-        assert _value(samples, "specwatch_up", server=name) == 1, (name, log.read_text()[-2000:])
+        assert find(samples, "specwatch_up", server=name) == 1, (name, log.read_text()[-2000:])
         for endpoint in ENDPOINTS:
-            assert _value(samples, "specwatch_canary_success", server=name, endpoint=endpoint) == 1, (name, endpoint)
+            assert find(samples, "specwatch_canary_success", server=name, endpoint=endpoint) == 1, (name, endpoint)
 
     # /props says "none" for every server; /slots tells the truth.
     for name in names:
-        assert _value(samples, "specwatch_speculation_enabled", server=name, source="props") == 0
-    assert _value(samples, "specwatch_speculation_enabled", server="plain", source="slots") == 0
-    assert _value(samples, "specwatch_speculation_enabled", server="draft", source="slots") == 1
-    assert _value(samples, "specwatch_speculation_enabled", server="ngram", source="slots") == 1
-    assert _value(samples, "specwatch_speculation_contradiction", server="draft") == 1
-    assert _value(samples, "specwatch_speculation_contradiction", server="plain") == 0
+        assert find(samples, "specwatch_speculation_enabled", server=name, source="props") == 0
+    assert find(samples, "specwatch_speculation_enabled", server="plain", source="slots") == 0
+    assert find(samples, "specwatch_speculation_enabled", server="draft", source="slots") == 1
+    assert find(samples, "specwatch_speculation_enabled", server="ngram", source="slots") == 1
+    assert find(samples, "specwatch_speculation_contradiction", server="draft") == 1
+    assert find(samples, "specwatch_speculation_contradiction", server="plain") == 0
     # --no-slots: speculation unknown, not off; the canary still catches the fill-ins.
-    assert _value(samples, "specwatch_speculation_enabled", server="noslots", source="slots") is None
-    assert _value(samples, "specwatch_speculation_contradiction", server="noslots") is None
+    assert find(samples, "specwatch_speculation_enabled", server="noslots", source="slots") is None
+    assert find(samples, "specwatch_speculation_contradiction", server="noslots") is None
 
     for endpoint in ENDPOINTS:
-        tokens = _value(samples, "specwatch_canary_tokens", server="draft", endpoint=endpoint)
+        tokens = find(samples, "specwatch_canary_tokens", server="draft", endpoint=endpoint)
         assert tokens == 48
-        assert _value(samples, "specwatch_canary_placeholder_tokens", server="draft", endpoint=endpoint) == tokens - 1
-        assert _value(samples, "specwatch_canary_placeholder_ratio", server="draft", endpoint=endpoint) == 1.0
-        assert _value(samples, "specwatch_canary_placeholder_ratio", server="noslots", endpoint=endpoint) == 1.0
+        assert find(samples, "specwatch_canary_placeholder_tokens", server="draft", endpoint=endpoint) == tokens - 1
+        assert find(samples, "specwatch_canary_placeholder_ratio", server="draft", endpoint=endpoint) == 1.0
+        assert find(samples, "specwatch_canary_placeholder_ratio", server="noslots", endpoint=endpoint) == 1.0
         for clean in ("plain", "locked"):
-            assert _value(samples, "specwatch_canary_placeholder_tokens", server=clean, endpoint=endpoint) == 0
-    assert _value(samples, "specwatch_serving_placeholders", server="draft") == 1
-    assert _value(samples, "specwatch_serving_placeholders", server="plain") == 0
-    assert _value(samples, "specwatch_serving_placeholders", server="locked") == 0
+            assert find(samples, "specwatch_canary_placeholder_tokens", server=clean, endpoint=endpoint) == 0
+    assert find(samples, "specwatch_serving_placeholders", server="draft") == 1
+    assert find(samples, "specwatch_serving_placeholders", server="plain") == 0
+    assert find(samples, "specwatch_serving_placeholders", server="locked") == 0
     # Real tokens score about -0.33 on this model; fill-ins drag a non-streaming mean toward zero.
-    assert _value(samples, "specwatch_canary_mean_logprob", server="plain", endpoint="chat") < -0.2
-    assert _value(samples, "specwatch_canary_mean_logprob", server="draft", endpoint="chat") > -0.05
-    assert _value(samples, "specwatch_server_info", server="plain", build="b0-unknown") == 1
+    assert find(samples, "specwatch_canary_mean_logprob", server="plain", endpoint="chat") < -0.2
+    assert find(samples, "specwatch_canary_mean_logprob", server="draft", endpoint="chat") > -0.05
+    assert find(samples, "specwatch_server_info", server="plain", build="b0-unknown") == 1
 
 
 def test_plain_server_never_shows_a_fill_in(exporter_metrics: tuple[str, Path]) -> None:
@@ -155,9 +143,9 @@ def test_plain_server_never_shows_a_fill_in(exporter_metrics: tuple[str, Path]) 
     seen = 0
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
-        samples = _samples(url)
+        samples = scrape(url)
         for endpoint in ENDPOINTS:
-            value = _value(samples, "specwatch_canary_placeholder_tokens", server="plain", endpoint=endpoint)
+            value = find(samples, "specwatch_canary_placeholder_tokens", server="plain", endpoint=endpoint)
             if value is not None:
                 seen += 1
                 assert value == 0

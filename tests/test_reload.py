@@ -9,22 +9,17 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import FakeLlama
 from tests.faultserver import ExporterProcess, FaultServer, wait_for
+from tests.metrics import Samples, scrape, value
 
 RELOAD_OK = "specwatch_config_last_reload_successful"
 RELOAD_AT = "specwatch_config_last_reload_success_timestamp_seconds"
 
 
-def samples(exporter: ExporterProcess) -> dict[tuple[str, frozenset], float]:
-    text = httpx.get(f"{exporter.url()}/metrics", timeout=10).text
-    return {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-
-def value(found: dict, name: str, **labels: str) -> float | None:
-    return found.get((name, frozenset(labels.items())))
+def samples(exporter: ExporterProcess) -> Samples:
+    return scrape(f"{exporter.url()}/metrics")
 
 
 def servers_in(found: dict) -> set[str]:
