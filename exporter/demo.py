@@ -95,7 +95,9 @@ def _wait_for_canaries(metrics_url: str, names: list[str], endpoints: int, timeo
         done = {dict(labels)["server"] for (name, labels) in samples if name == "specwatch_canary_success"}
         counts = {n: sum(1 for (m, labels) in samples if m == "specwatch_canary_success" and dict(labels)["server"] == n)
                   for n in done}
-        if all(counts.get(n, 0) >= endpoints for n in names):
+        # The speculation gauges exist only after a good poll: wait for them too, so the table shows no gaps.
+        polled = all(_get(samples, "specwatch_up", server=n) == 1 for n in names)
+        if polled and all(counts.get(n, 0) >= endpoints for n in names):
             return samples
         time.sleep(0.5)
     raise TimeoutError(f"no canary results from the exporter at {metrics_url} within {timeout:.0f}s")
@@ -113,7 +115,7 @@ def _report(samples: dict, names: list[str]) -> str:
         lines.append(
             f"{name:<8} {flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='props')):<8} "
             f"{flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='slots')):<8} "
-            f"{'YES' if contradiction else 'no':<14} {verdict}"
+            f"{'unknown' if contradiction is None else 'YES' if contradiction else 'no':<14} {verdict}"
         )
     endpoints = sorted({dict(labels)["endpoint"] for (name, labels) in samples if name == "specwatch_canary_success"})
     lines += ["", "fill-in tokens / tokens after the first, and the mean logprob an eval would compute:"]
@@ -159,7 +161,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             config.write_text(
                 "servers:\n"
                 + "".join(f"  - {{name: {kind}, url: '{s.url}'}}\n" for (kind, _), s in zip(KINDS, servers, strict=True))
-                + "poll_interval: 2s\npoll_timeout: 1s\ncanary_interval: 10s\ncanary_timeout: 30s\n"
+                + "poll_interval: 2s\npoll_timeout: 1500ms\ncanary_interval: 10s\ncanary_timeout: 30s\n"
             )
             port = port or free_port()
             log = (workdir / "specwatch.log").open("w")
