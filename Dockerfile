@@ -3,7 +3,9 @@ FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The image runs `specwatch run` and `check` only: the demo (exporter/demo, the `demo` extra) starts
+# llama-servers and builds llama.cpp, which has no place in a monitoring container.
+RUN rm -rf exporter/demo && pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
 LABEL org.opencontainers.image.title="specwatch" \

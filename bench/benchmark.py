@@ -115,7 +115,7 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> tuple[int, int]:
 
 
 async def _worker_cycles(config: Path, fleet_url: str, keepalive: float, renders: int) -> dict[str, Any]:
-    from exporter.daemon import Daemon
+    from exporter.daemon.run import Daemon
     from exporter.settings import load_settings
 
     settings = load_settings(config)
@@ -146,7 +146,7 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float, renders
     await asyncio.sleep(keepalive + 0.5)
     out["canary"] = await cycle("canary")
     snapshot = daemon.fleet.snapshot()
-    out["verdicts_right"] = sum(1 for s in snapshot if s.serving_placeholders == (s.config.name in speculating))
+    out["verdicts_right"] = sum(1 for s in snapshot if s.serving_fill_ins == (s.config.name in speculating))
     out.update(await _renders(daemon, names, renders))
     out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
     await daemon.client.aclose()
@@ -164,7 +164,7 @@ async def _renders(daemon: Any, names: list[str], renders: int) -> dict[str, Any
     """/metrics as served today (generate_latest over the registry) and through the collector's exposition()."""
     from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 
-    from exporter.collector import SpecwatchCollector
+    from exporter.daemon.collector import SpecwatchCollector
 
     served = [_timed(lambda: generate_latest(daemon.registry)) for _ in range(renders)]
     collector = SpecwatchCollector(daemon.fleet, lambda: daemon.status)
@@ -194,7 +194,7 @@ async def _renders(daemon: Any, names: list[str], renders: int) -> dict[str, Any
 
 
 async def _worker_steady(config: Path, seconds: float, port: int) -> dict[str, Any]:
-    from exporter.daemon import Daemon
+    from exporter.daemon.run import Daemon
     from exporter.settings import load_settings
 
     settings = load_settings(config)
@@ -213,7 +213,7 @@ async def _worker_steady(config: Path, seconds: float, port: int) -> dict[str, A
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    from exporter import logs
+    from exporter.daemon import logs
 
     raise_fd_limit()
     logs.configure("info", json=True)  # the daemon's default level, so log cost is what production pays

@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import httpx
 
-from exporter import probes
-from exporter.fetch import Fetcher, new_client
+from exporter.probe import probes
+from exporter.probe.canary import Endpoint, Tally
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
-from exporter.settings import Endpoint, ServerConfig
+from exporter.settings import ServerConfig
+from exporter.verdict import EndpointEvidence, Evidence, Verdict, decide
 
 ROUNDS = 2
-
-
-class Exit(IntEnum):
-    CLEAN = 0
-    FAKE = 1
-    UNCHECKED = 2
 
 
 @dataclass
 class EndpointReport:
     endpoint: str
     tokens: int | None = None
-    placeholder_tokens: int | None = None
-    placeholder_ratio: float | None = None
+    fill_ins: int | None = None
+    fill_in_ratio: float | None = None
     mean_logprob: float | None = None
     draft_n: int | None = None
     error: str | None = None
@@ -36,9 +31,9 @@ class EndpointReport:
 @dataclass
 class CheckReport:
     url: str
-    verdict: str
-    exit_code: int
-    summary: str
+    verdict: str = Verdict.UNCHECKED.value
+    exit_code: int = Verdict.UNCHECKED.exit_code
+    summary: str = ""
     speculation_slots: bool | None = None
     speculation_props: bool | None = None
     build: str | None = None
@@ -49,34 +44,13 @@ class CheckReport:
         return asdict(self)
 
 
-def decide(report: CheckReport) -> CheckReport:
-    """Fill in verdict, exit code and summary from what the probes found."""
-    checked = [e for e in report.endpoints if e.error is None]
-    failed = [e for e in report.endpoints if e.error is not None]
-    faked = [e for e in checked if e.placeholder_tokens]
-    drafted = any(e.draft_n for e in checked)
-
-    def done(verdict: str, code: Exit, summary: str) -> CheckReport:
-        report.verdict, report.exit_code, report.summary = verdict, int(code), summary
-        return report
-
-    if faked:
-        worst = ", ".join(f"{e.endpoint} {e.placeholder_tokens}/{(e.tokens or 1) - 1}" for e in faked)
-        summary = f"the server serves fill-in logprobs (placeholders/tokens after the first: {worst}); do not score"
-        return done("fill_ins", Exit.FAKE, summary)
-    if failed:
-        why = "; ".join(f"{e.endpoint}: {e.error}" for e in failed)
-        return done("unchecked", Exit.UNCHECKED, f"could not check every endpoint: {why}")
-    if report.speculation_slots and not drafted:
-        return done(
-            "unproven",
-            Exit.FAKE,
-            "/slots says the server speculates, but the canary never drafted (timings.draft_n), "
-            "so its logprobs are not proven real; do not score",
-        )
-    if drafted:
-        return done("clean", Exit.CLEAN, "the server drafted and still returned real logprobs with alternatives")
-    return done("clean", Exit.CLEAN, "logprobs are real: every token carries its alternatives")
+def _report_entry(endpoint: Endpoint, tally: Tally | None, error: str | None) -> EndpointReport:
+    entry = EndpointReport(endpoint=endpoint.value, error=error)
+    if tally is not None:
+        entry.tokens, entry.fill_ins, entry.draft_n = tally.tokens, tally.fill_ins, tally.draft_n
+        entry.fill_in_ratio = round(tally.fill_in_ratio, 4)
+        entry.mean_logprob = None if tally.mean_logprob is None else round(tally.mean_logprob, 4)
+    return entry
 
 
 async def run_check(
@@ -88,40 +62,43 @@ async def run_check(
     max_bytes: int = 4 * 1024 * 1024,
     client: httpx.AsyncClient | None = None,
 ) -> CheckReport:
-    report = CheckReport(url=server.url, verdict="", exit_code=0, summary="")
-    async with client or new_client(4) as http:
+    report = CheckReport(url=server.url)
+    async with client or new_client() as http:
         fetcher = Fetcher(http, max_bytes)
         try:
             polled = await probes.poll(fetcher, server, timeout=timeout)
         except ProbeFailure as failure:
-            report.verdict, report.exit_code = "unchecked", int(Exit.UNCHECKED)
-            report.summary = f"could not check {server.url}: {failure}"
-            return report
+            return _decided(report, Evidence(poll_failure=str(failure)))
         report.speculation_props = polled.props.speculative
         report.speculation_slots = polled.slots.speculative if polled.slots else None
         report.build, report.model = polled.props.build, polled.props.model
+        evidence: list[EndpointEvidence] = []
         for attempt in range(ROUNDS):
-            report.endpoints = [await _probe(fetcher, server, e, tokens=tokens, timeout=timeout) for e in endpoints]
-            nothing_drafted = not any(e.draft_n or e.placeholder_tokens for e in report.endpoints)
+            evidence = [await _probe(fetcher, server, e, tokens=tokens, timeout=timeout) for e in endpoints]
+            nothing_drafted = not any(e.tally is not None and e.tally.drafted for e in evidence)
             # n-gram speculation learns from earlier requests: a server that speculates but has not
             # drafted yet often drafts on a second round once it has seen the canary text.
             if not (report.speculation_slots and nothing_drafted) or attempt + 1 == ROUNDS:
                 break
-    return decide(report)
+        report.endpoints = [_report_entry(Endpoint(e.endpoint), e.tally, e.failure) for e in evidence]
+        return _decided(report, Evidence(
+            poll_failure=None, speculation_slots=report.speculation_slots, speculation_props=report.speculation_props,
+            endpoints=evidence,
+        ))
 
 
-async def _probe(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> EndpointReport:
-    entry = EndpointReport(endpoint=endpoint.value)
+def _decided(report: CheckReport, evidence: Evidence) -> CheckReport:
+    decision = decide(evidence)
+    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
+    return report
+
+
+async def _probe(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> EndpointEvidence:
     try:
-        verdict = await probes.canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
+        tally = await probes.canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
     except ProbeFailure as failure:
-        entry.error = str(failure)
-    else:
-        entry.tokens, entry.placeholder_tokens = verdict.tokens, verdict.placeholders
-        entry.placeholder_ratio = round(verdict.placeholder_ratio, 4)
-        entry.mean_logprob = None if verdict.mean_logprob is None else round(verdict.mean_logprob, 4)
-        entry.draft_n = verdict.draft_n
-    return entry
+        return EndpointEvidence(endpoint.value, None, str(failure))
+    return EndpointEvidence(endpoint.value, tally)
 
 
 def render_text(report: CheckReport) -> str:
@@ -140,7 +117,7 @@ def render_text(report: CheckReport) -> str:
             mean = "n/a" if e.mean_logprob is None else f"{e.mean_logprob:.4f}"
             drafted = "-" if e.draft_n is None else str(e.draft_n)
             lines.append(
-                f"  {e.endpoint:<26} fill-ins {e.placeholder_tokens}/{(e.tokens or 1) - 1} after the first"
+                f"  {e.endpoint:<26} fill-ins {e.fill_ins}/{(e.tokens or 1) - 1} after the first"
                 f"  mean logprob {mean}  drafted {drafted}"
             )
     return "\n".join(lines)

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from exporter import __version__
-from exporter.settings import DEFAULT_SERVER_URL, ConfigError, Endpoint, ServerConfig, load_settings, parse_shard
-from exporter.web import DEFAULT_PORT, parse_listen
+from exporter.daemon.web import DEFAULT_PORT, parse_listen
+from exporter.probe.canary import Endpoint
+from exporter.settings import DEFAULT_SERVER_URL, ConfigError, ServerConfig, load_settings, parse_shard
 
 EPILOG_RUN = f"""\
 With no --config, specwatch watches {DEFAULT_SERVER_URL} (llama-server's default address).
@@ -124,13 +125,17 @@ def _main(argv: list[str] | None) -> int:
         return _run(args)
     if args.command == "check":
         return _check(args)
-    from exporter.demo import run_demo
-
+    try:
+        from exporter.demo import run_demo
+    except ImportError:
+        # The container image ships only `run` and `check`; the demo starts llama-servers and needs the demo extra.
+        print("specwatch demo: not part of this installation; on a workstation: pip install 'specwatch[demo]'", file=sys.stderr)
+        return 2
     return run_demo(listen=args.listen, keep_running=args.keep_running)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from exporter import logs
+    from exporter.daemon import logs
 
     try:
         host, port = parse_listen(args.listen)
@@ -139,13 +144,13 @@ def _run(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         web_security = None
         if args.web_config is not None:
-            from exporter.websecurity import load_web_config
+            from exporter.daemon.websecurity import load_web_config
 
             web_security = load_web_config(args.web_config)
     except (ConfigError, ValueError) as err:
         print(f"specwatch: {err}", file=sys.stderr)
         return 2
-    from exporter.daemon import Daemon, watched_servers
+    from exporter.daemon.run import Daemon, watched_servers
 
     if args.check_config:
         servers = watched_servers(settings, args.shard)
@@ -169,7 +174,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from exporter.check import Exit, render_text, run_check
+    from exporter.check import render_text, run_check
+    from exporter.verdict import Verdict
 
     try:
         server = ServerConfig(
@@ -178,7 +184,7 @@ def _check(args: argparse.Namespace) -> int:
     except ValueError as err:
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in getattr(err, "errors", lambda: [])()) or str(err)
         print(f"specwatch check: {message}", file=sys.stderr)
-        return int(Exit.UNCHECKED)
+        return Verdict.UNCHECKED.exit_code
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
     report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 from contextvars import ContextVar
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -28,6 +27,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from exporter.probe.canary import Endpoint
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 RESERVED_LABELS = frozenset({"server", "endpoint", "source", "reason", "version", "job", "instance"})
@@ -69,16 +70,6 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-class Endpoint(StrEnum):
-    """The ways an eval reads logprobs; each is canaried separately."""
-
-    CHAT = "chat"
-    CHAT_STREAM = "chat_stream"
-    COMPLETION = "completion"
-    COMPLETION_STREAM = "completion_stream"
-    COMPLETION_POST_SAMPLING = "completion_post_sampling"
 
 
 class ServerConfig(BaseModel):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from exporter.fetch import Fetcher
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
-from exporter.state import Fleet
-from exporter.watch import Watcher
 from tests.fakes import FakeLlama, fleet_transport
 
 
@@ -37,6 +37,6 @@ def make_watcher(clock: FakeClock):
         settings = Settings(servers=servers, **settings_kw)
         client = httpx.AsyncClient(transport=fleet_transport(fakes))
         clients.append(client)
-        return Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes), clock=clock)
+        return Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes), clock=clock)
 
     yield build

@@ -6,8 +6,8 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import ExporterStatus, SpecwatchCollector
-from exporter.state import Fleet
+from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.state import Fleet
 
 Samples = dict[tuple[str, tuple], float]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.llamaserver import LlamaServer, free_port
-from exporter.tinymodel import write_cycle_model
+from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.tinymodel import write_cycle_model
 from tests.chain import (
     EXAMPLES,
     RULES,

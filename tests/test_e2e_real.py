@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.llamaserver import LlamaServer, free_port
-from exporter.tinymodel import write_cycle_model
+from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.tinymodel import write_cycle_model
 from tests.metrics import find, scrape
 
 pytestmark = pytest.mark.real
@@ -40,6 +40,8 @@ def servers(model: Path, workdir: Path) -> Iterator[dict[str, LlamaServer]]:
         "ngram": ("ngram", []),
         "locked": ("plain", ["--api-key", API_KEY]),
         "noslots": ("draft", ["--no-slots"]),
+        # Speculates per /slots, yet its defaults never draft on the canary's text: logprobs not proven real.
+        "ngramsimple": ("plain", ["--spec-type", "ngram-simple"]),
     }
     started: dict[str, LlamaServer] = {}
     try:
@@ -65,6 +67,8 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
     for name, server in servers.items():
         lines.append(f"  - {{name: {name}, url: '{server.url}', labels: {{kind: {name}}}"
                      + (f", api_key_file: '{key_file}'" if name == "locked" else "") + "}")
+    # The locked server once more, without its key: specwatch cannot check it.
+    lines.append(f"  - {{name: unkeyed, url: '{servers['locked'].url}', labels: {{kind: unkeyed}}}}")
     lines.append("poll_interval: 1s\npoll_timeout: 900ms\ncanary_interval: 3s\ncanary_timeout: 20s\n")
     config.write_text("\n".join(lines))
     port = free_port()
@@ -162,11 +166,11 @@ def _check(*args: str) -> tuple[int, dict]:
 def test_check_verdicts(servers: dict[str, LlamaServer], key_file: Path) -> None:
     code, report = _check(servers["plain"].url)
     assert (code, report["verdict"]) == (0, "clean")
-    assert all(e["placeholder_tokens"] == 0 and e["tokens"] == 48 for e in report["endpoints"])
+    assert all(e["fill_ins"] == 0 and e["tokens"] == 48 for e in report["endpoints"])
 
     code, report = _check(servers["draft"].url)
     assert (code, report["verdict"]) == (1, "fill_ins")
-    assert all(e["placeholder_tokens"] == 47 for e in report["endpoints"])
+    assert all(e["fill_ins"] == 47 for e in report["endpoints"])
 
     code, report = _check(servers["ngram"].url)
     assert code == 1 and report["verdict"] in ("fill_ins", "unproven")
@@ -180,6 +184,26 @@ def test_check_verdicts(servers: dict[str, LlamaServer], key_file: Path) -> None
     assert (code, report["verdict"], report["speculation_slots"]) == (1, "fill_ins", None)
 
 
+VERDICTS = {"plain": "clean", "draft": "fill_ins", "ngramsimple": "unproven", "unkeyed": "unchecked"}
+
+
+def _daemon_verdict(samples: dict, server: str) -> str | None:
+    on = [v for v in ("clean", "fill_ins", "unproven", "unchecked") if find(samples, "specwatch_verdict", server=server, verdict=v) == 1]
+    assert len(on) <= 1, (server, on)
+    return on[0] if on else None
+
+
+def test_check_and_the_daemon_agree_on_every_verdict(exporter_metrics: tuple[str, Path],
+                                                     servers: dict[str, LlamaServer]) -> None:
+    url, _ = exporter_metrics
+    samples = _wait(url, lambda s: all(_daemon_verdict(s, name) == verdict for name, verdict in VERDICTS.items()),
+                    timeout=90)
+    for name, verdict in VERDICTS.items():
+        assert _daemon_verdict(samples, name) == verdict
+        code, report = _check(servers["locked" if name == "unkeyed" else name].url)
+        assert (report["verdict"], code) == (verdict, {"clean": 0, "fill_ins": 1, "unproven": 1, "unchecked": 2}[verdict])
+
+
 def test_check_refuses_an_unreachable_server() -> None:
     code, report = _check(f"http://127.0.0.1:{free_port()}")
     assert (code, report["verdict"]) == (2, "unchecked") and "connection_refused" in report["summary"]
@@ -190,8 +214,8 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     verdicts = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("plain ", "draft ", "ngram "))}
-    assert verdicts["plain"].endswith("logprobs are real") and " no " in verdicts["plain"]
-    assert "SERVES FILL-IN LOGPROBS" in verdicts["draft"] and " YES " in verdicts["draft"]
-    assert "SERVES FILL-IN LOGPROBS" in verdicts["ngram"]
+    assert verdicts["plain"].endswith("clean: logprobs are real") and " no " in verdicts["plain"]
+    assert "FILL_INS: serves fill-in logprobs" in verdicts["draft"] and " YES " in verdicts["draft"]
+    assert "FILL_INS: serves fill-in logprobs" in verdicts["ngram"]
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith(("chat", "completion"))}
     assert len(rows) == 5 and all(cells[0] == "0/47" and cells[2] == "47/47" for cells in rows.values())

@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collector import ExporterStatus, SpecwatchCollector
-from exporter.fetch import Fetcher
+from exporter.daemon.collector import ExporterStatus, Exposition, SpecwatchCollector
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.daemon.web import WebApp
+from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
-from exporter.state import Fleet
-from exporter.watch import Watcher
-from exporter.web import WebApp
 from tests.fakes import FakeLlama, fleet_transport
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
@@ -31,7 +31,7 @@ async def _exposition() -> str:
     ], canary_endpoints=["chat", "completion_stream"])
     ticks = itertools.count()
     client = httpx.AsyncClient(transport=fleet_transport(fakes))
-    watcher = Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes),
+    watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes),
                       clock=lambda: 1_700_000_000.0, monotonic=lambda: next(ticks) * 0.25)
     for name in ("plain", "draft", "locked"):
         await watcher.poll(name)
@@ -62,12 +62,11 @@ def test_no_sample_carries_a_timestamp() -> None:
 
 
 def test_endpoint_serves_metrics_landing_page_and_health() -> None:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecwatchCollector(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0)))
-    from exporter.web import ServerLink
+    exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
+    from exporter.daemon.web import ServerLink
 
     reloads = []
-    app = WebApp(registry, servers=lambda: [ServerLink("a<b>", "http://h:1")], reload=lambda: reloads.append(1) or None)
+    app = WebApp(exposition.render, servers=lambda: [ServerLink("a<b>", "http://h:1")], reload=lambda: reloads.append(1) or None)
     host, port = app.start("127.0.0.1", 0)
     try:
         base = f"http://{host}:{port}"
@@ -87,10 +86,9 @@ def test_endpoint_serves_metrics_landing_page_and_health() -> None:
 
 
 def test_listens_on_ipv6_loopback() -> None:
-    from exporter.web import parse_listen
+    from exporter.daemon.web import parse_listen
 
-    registry = CollectorRegistry(auto_describe=False)
-    app = WebApp(registry, servers=lambda: [], reload=lambda: None)
+    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, servers=lambda: [], reload=lambda: None)
     host, port = app.start(*parse_listen("[::1]:0"))
     try:
         assert host == "::1" and httpx.get(f"http://[::1]:{port}/-/healthy").status_code == 200
@@ -101,7 +99,8 @@ def test_listens_on_ipv6_loopback() -> None:
 def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
     import socket
 
-    app = WebApp(CollectorRegistry(auto_describe=False), servers=lambda: [], reload=lambda: None, client_timeout=0.5)
+    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, servers=lambda: [], reload=lambda: None,
+                 client_timeout=0.5)
     host, port = app.start("127.0.0.1", 0)
     try:
         stalled = socket.create_connection((host, port))
@@ -116,7 +115,7 @@ def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
 
 
 def test_daemon_serves_the_fast_text_and_openmetrics_with_process_metrics() -> None:
-    from exporter.daemon import Daemon
+    from exporter.daemon.run import Daemon
     from exporter.settings import load_settings
 
     daemon = Daemon(None, load_settings(None))

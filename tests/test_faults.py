@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import structlog
 
-from exporter.fetch import Fetcher, new_client
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import Settings
-from exporter.state import Fleet
-from exporter.watch import Watcher
 from tests.fakes import FakeLlama
 from tests.faultserver import (
     UNRESOLVABLE_URL,
@@ -53,8 +53,8 @@ def server_series(samples: dict, server: str, name: str) -> list[tuple]:
 async def clients():
     opened = []
 
-    def make(max_connections: int = 16):
-        client = new_client(max_connections)
+    def make():
+        client = new_client()
         opened.append(client)
         return client
 
@@ -74,7 +74,7 @@ def watcher_for(clients, faulty: dict[str, Any], neighbour: FaultServer, **setti
         servers=[{"name": FAULTY, **faulty}, {"name": NEIGHBOUR, "url": neighbour.url}],
         poll_timeout=TIMEOUT, canary_timeout=TIMEOUT, max_response_bytes=MAX_BYTES, canary_tokens=8, **settings,
     )
-    return Watcher(config, Fleet(config.servers), Fetcher(clients(), config.max_response_bytes))
+    return Watcher(config, Fleet(config.servers, config.canary_endpoints), Fetcher(clients(), config.max_response_bytes))
 
 
 async def poll_both(watcher: Watcher) -> dict[str, float]:
@@ -429,7 +429,7 @@ async def test_timeouts_under_load_never_strand_a_connection(clients) -> None:
     servers = [FaultServer().play(Hang(0.6), "/health").start() for _ in range(20)]
     try:
         config = Settings(servers=[{"name": f"s{i}", "url": s.url} for i, s in enumerate(servers)], poll_timeout=0.3)
-        watcher = Watcher(config, Fleet(config.servers), Fetcher(clients(), config.max_response_bytes))
+        watcher = Watcher(config, Fleet(config.servers, config.canary_endpoints), Fetcher(clients(), config.max_response_bytes))
 
         async def busy_loop() -> None:
             while True:  # a loaded event loop: deadlines land while cleanups are still running

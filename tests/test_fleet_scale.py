@@ -16,15 +16,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.genconfig import build_config, write_config
 from bench.simfleet import FleetOptions, SimFleetProcess, SimFleetThread
-from exporter.collector import ExporterStatus, SpecwatchCollector
-from exporter.daemon import Daemon
-from exporter.fetch import Fetcher, new_client
-from exporter.llamaserver import free_port
+from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.run import Daemon
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.demo.llamaserver import free_port
+from exporter.probe.canary import Endpoint
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
-from exporter.settings import Endpoint, Settings, load_settings
-from exporter.state import Fleet
-from exporter.watch import Watcher
+from exporter.settings import Settings, load_settings
 from tests.fakes import FakeLlama
+
+pytestmark = pytest.mark.slow
 
 FLEET = 1000
 POLL_INTERVAL = 10.0
@@ -87,8 +90,8 @@ async def test_simulated_servers_answer_like_llama_server(monkeypatch) -> None:
     with SimFleetThread(FleetOptions(servers=4, spec_share=0.5, latency_ms=1.0, api_key="sim-key")) as fleet:
         servers = [{"name": s.name, "url": s.url, "api_key_env": "SIMFLEET_TEST_KEY"} for s in fleet.servers]
         settings = Settings(servers=servers, canary_tokens=16)
-        client = new_client(4)
-        watcher = Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes))
+        client = new_client()
+        watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes))
         try:
             names = [s.name for s in fleet.servers]
             await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
@@ -99,11 +102,11 @@ async def test_simulated_servers_answer_like_llama_server(monkeypatch) -> None:
         state = watcher.fleet.get(sim.name)
         assert state is not None and state.poll_success, state
         assert state.poll.slots.speculative is sim.speculative
-        assert state.serving_placeholders is sim.speculative
+        assert state.serving_fill_ins is sim.speculative
         for endpoint in Endpoint:
-            verdict = state.canaries[endpoint].last_result
-            assert verdict is not None and verdict.tokens == 16
-            assert verdict.placeholders == (15 if sim.speculative else 0), (sim.name, endpoint)
+            tally = state.canaries[endpoint].tally
+            assert tally is not None and tally.tokens == 16
+            assert tally.fill_ins == (15 if sim.speculative else 0), (sim.name, endpoint)
     # Connections are reused: a server's poll and canary share few connections.
     assert stats["connections"] <= 4 * len(fleet.servers)
 
@@ -174,16 +177,16 @@ async def test_fast_exposition_is_byte_identical_to_generate_latest(make_watcher
 
 async def test_fast_exposition_rebuilds_only_what_changed(make_watcher, monkeypatch) -> None:
     """Not a timing test (the benchmark gives figures): a scrape must not redo the work for servers that did not change."""
-    import exporter.collector
+    import exporter.daemon.collector
 
     built: list[str] = []
-    original = exporter.collector._canary_samples
+    original = exporter.daemon.collector._canary_samples
 
     def counting(out, server, labels) -> None:
         built.append(server.config.name)
         original(out, server, labels)
 
-    monkeypatch.setattr(exporter.collector, "_canary_samples", counting)
+    monkeypatch.setattr(exporter.daemon.collector, "_canary_samples", counting)
     fakes = {f"s{i}": (FakeLlama.draft(tokens=8) if i % 5 == 0 else FakeLlama.plain(tokens=8)) for i in range(FLEET)}
     watcher = make_watcher(fakes, canary_tokens=8, canary_endpoints=["chat"])
     names = list(fakes)
@@ -197,5 +200,5 @@ async def test_fast_exposition_rebuilds_only_what_changed(make_watcher, monkeypa
     second = collector.exposition()
     assert built == ["s7"], "only the server with a new canary result has its canary lines rebuilt"
     assert second != first
-    monkeypatch.setattr(exporter.collector, "_canary_samples", original)
+    monkeypatch.setattr(exporter.daemon.collector, "_canary_samples", original)
     assert second == _registry_text(collector)

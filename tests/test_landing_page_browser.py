@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
-from prometheus_client import CollectorRegistry
 
-from exporter.collector import ExporterStatus, SpecwatchCollector
-from exporter.daemon import landing_row
-from exporter.web import WebApp
+from exporter.daemon.collector import ExporterStatus, Exposition
+from exporter.daemon.run import landing_row
+from exporter.daemon.web import WebApp
 from tests.fakes import FakeLlama
 
 pytestmark = pytest.mark.real
@@ -43,9 +42,8 @@ def served(make_watcher, tmp_path: Path):
             await watcher.canary(name)
 
     asyncio.run(probe())
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0)))
-    app = WebApp(registry, servers=lambda: [landing_row(s) for s in watcher.fleet.snapshot()], reload=lambda: None)
+    exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    app = WebApp(exposition.render, servers=lambda: [landing_row(s) for s in watcher.fleet.snapshot()], reload=lambda: None)
     host, port = app.start("127.0.0.1", 0)
     yield f"http://{host}:{port}/"
     app.stop()
@@ -62,11 +60,13 @@ def test_landing_page_in_chromium(served: str, tmp_path: Path) -> None:
             rows = page.locator("#servers tbody tr")
             cells = [[c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(rows.count())]
             by_name = {row[0]: row for row in cells}
-            assert by_name["plain"][2:] == ["up; speculation per /slots: off", "real"]
-            assert by_name["draft"][3].startswith("SERVING FILL-INS on chat, chat_stream")
-            assert by_name["locked"][2] == "down (unauthorized)"
-            assert by_name["<script>x</script>"][2:] == ["not polled yet", "no successful canary yet"]
-            assert "alarm" in (rows.nth(1).get_attribute("class") or "")
+            assert by_name["plain"][2:] == ["up; speculation per /slots: off", "clean",
+                                            "logprobs are real: every token carries its alternatives"]
+            assert by_name["draft"][3] == "fill_ins"
+            assert by_name["draft"][4].startswith("the server serves fill-in logprobs (fill-ins / tokens after the first: chat ")
+            assert by_name["locked"][2:4] == ["down (unauthorized)", "unchecked"]
+            assert by_name["<script>x</script>"][2:] == ["not polled yet", "unchecked", "could not poll the server: not polled yet"]
+            assert rows.nth(1).get_attribute("class") == "fill_ins"
             html = page.content()
             assert "sk-landing-secret" not in html and "<script>x" not in html
             page.screenshot(path=str(tmp_path / "landing.png"), full_page=True)

@@ -52,3 +52,52 @@ def test_ruff_finds_nothing() -> None:
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_run_and_check_never_import_the_demo(tmp_path: Path) -> None:
+    """The container image leaves exporter/demo out: nothing `run` or `check` loads may need it."""
+    config = tmp_path / "specwatch.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://127.0.0.1:9'}\n")
+    script = (
+        "import sys\n"
+        "sys.modules['exporter.demo'] = None  # as in the image: importing it fails\n"
+        "from exporter import cli\n"
+        f"assert cli.main(['run', '--config', {str(config)!r}, '--check-config']) == 0\n"
+        "assert cli.main(['check', 'http://127.0.0.1:9', '--timeout', '1']) == 2\n"
+        "import exporter.daemon.run, exporter.check\n"
+        "print(sorted(m for m in sys.modules if m.startswith('exporter.demo')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "['exporter.demo']"  # only the None placeholder
+
+
+def test_demo_without_the_demo_package_says_how_to_get_it() -> None:
+    script = "import sys\nsys.modules['exporter.demo'] = None\nfrom exporter import cli\nsys.exit(cli.main(['demo']))\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 2
+    assert "pip install 'specwatch[demo]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_image_leaves_the_demo_out_of_its_wheel(tmp_path: Path) -> None:
+    """Follow the Dockerfile's build stage: copy what it copies, run its RUN line, and look inside the wheel."""
+    import shutil
+    import zipfile
+
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    stages = [i for i, line in enumerate(lines) if line.startswith("FROM ")]
+    build = lines[stages[0]: stages[1]]
+    for line in build:
+        if line.startswith("COPY "):
+            *sources, _ = line.split()[1:]
+            for source in sources:
+                target = tmp_path / source
+                (shutil.copytree if (ROOT / source).is_dir() else shutil.copy)(ROOT / source, target)
+    [run] = [line.removeprefix("RUN ") for line in build if line.startswith("RUN ")]
+    run = run.replace("--wheel-dir /wheels", f"--no-deps --wheel-dir {tmp_path / 'wheels'}")
+    result = subprocess.run(["sh", "-c", run], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [wheel] = (tmp_path / "wheels").glob("specwatch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "exporter/cli.py" in names and "exporter/daemon/run.py" in names and "exporter/probe/canary.py" in names
+    assert not [n for n in names if n.startswith("exporter/demo")]

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.canary import STREAMING, Token, classify, request_for, tokens_from_events, tokens_from_response
-from exporter.fetch import parse_json
-from exporter.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
+from exporter.probe.canary import TABLE, Endpoint, Reading, Token, classify
+from exporter.probe.fetch import parse_json
+from exporter.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import Endpoint, parse_duration
+from exporter.settings import parse_duration
 from tests.fakes import FakeLlama
 
 settings.register_profile("specwatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -83,12 +83,12 @@ def body_for(endpoint: Endpoint) -> st.SearchStrategy:
     return chat_body if endpoint in (Endpoint.CHAT, Endpoint.CHAT_STREAM) else completion_body
 
 
-def check_tokens(found: list[Token], timings: tuple[int | None, int | None]) -> None:
-    for token in found:
+def check_tokens(reading: Reading) -> None:
+    for token in reading.tokens:
         finite = isinstance(token.logprob, float) and math.isfinite(token.logprob)
         assert token.logprob is None or (finite and token.logprob <= 1e-6)
         assert token.alternatives is None or (isinstance(token.alternatives, int) and token.alternatives >= 0)
-    for count in timings:
+    for count in (reading.draft_n, reading.draft_accepted):
         # Every number that reaches a metric must render as a float.
         assert count is None or (isinstance(count, int) and 0 <= count and math.isfinite(float(count)))
 
@@ -126,18 +126,18 @@ def test_parse_slots_fails_only_with_probe_failure(data: Any) -> None:
 @settings(max_examples=400)
 @given(endpoint=endpoints, data=st.data())
 def test_responses_of_any_shape_fail_only_with_probe_failure(endpoint: Endpoint, data: st.DataObject) -> None:
-    if endpoint in STREAMING:
-        events = data.draw(st.lists(body_for(endpoint) | any_json, max_size=5))
-        parsed = expect_probe_failure(lambda: tokens_from_events(endpoint, events))
+    spec = TABLE[endpoint]
+    if spec.streaming:
+        answer = data.draw(st.lists(body_for(endpoint) | any_json, max_size=5))
     else:
-        body = data.draw(body_for(endpoint) | any_json)
-        parsed = expect_probe_failure(lambda: tokens_from_response(endpoint, body))
+        answer = data.draw(body_for(endpoint) | any_json)
+    parsed = expect_probe_failure(lambda: spec.read(answer))
     if parsed is not None:
-        check_tokens(*parsed)
-        verdict = expect_probe_failure(lambda: classify(*parsed))
-        if verdict is not None:
-            assert 0 <= verdict.placeholders <= verdict.tokens - 1
-            assert 0.0 <= verdict.placeholder_ratio <= 1.0
+        check_tokens(parsed)
+        tally = expect_probe_failure(lambda: classify(parsed))
+        if tally is not None:
+            assert 0 <= tally.fill_ins <= tally.tokens - 1
+            assert 0.0 <= tally.fill_in_ratio <= 1.0
 
 
 @pytest.mark.parametrize("number", [HUGE, -HUGE, math.nan, math.inf, -math.inf, 2**63, "-0.5", True],
@@ -149,12 +149,11 @@ def test_hostile_numbers_fail_only_with_probe_failure(number: Any, endpoint: End
     for field in ("logprob", "prob", "draft_n"):
         entries = [real, {**real, field: number}]
         body = {"completion_probabilities": entries, "timings": {"draft_n": number if field == "draft_n" else 3}}
-        if endpoint in STREAMING:
-            parsed = expect_probe_failure(lambda body=body: tokens_from_events(endpoint, [body]))
-        else:
-            parsed = expect_probe_failure(lambda body=body: tokens_from_response(endpoint, body))
+        spec = TABLE[endpoint]
+        answer = [body] if spec.streaming else body
+        parsed = expect_probe_failure(lambda answer=answer, spec=spec: spec.read(answer))
         if parsed is not None:
-            check_tokens(*parsed)
+            check_tokens(parsed)
 
 
 @given(body=st.binary(max_size=200) | any_json.map(lambda v: json.dumps(v, allow_nan=True).encode()))
@@ -179,26 +178,26 @@ def is_fill_in(token: Token) -> bool:
 @given(found=st.lists(tokens, max_size=40), drafted=st.none() | st.integers(0, 100))
 def test_classify_invariants(found: list[Token], drafted: int | None) -> None:
     try:
-        verdict = classify(found, (drafted, None))
+        tally = classify(Reading(found, drafted))
     except ProbeFailure as failure:
         assert failure.reason is Reason.NO_LOGPROBS
         assert not found or all(t.logprob is None for t in found) or all(t.alternatives is None for t in found)
         return
-    assert verdict.tokens == len(found)
-    assert 0 <= verdict.placeholders <= verdict.tokens - 1
-    assert verdict.placeholders == sum(is_fill_in(t) for t in found[1:])
-    assert 0.0 <= verdict.placeholder_ratio <= 1.0
+    assert tally.tokens == len(found)
+    assert 0 <= tally.fill_ins <= tally.tokens - 1
+    assert tally.fill_ins == sum(is_fill_in(t) for t in found[1:])
+    assert 0.0 <= tally.fill_in_ratio <= 1.0
     values = [t.logprob for t in found if t.logprob is not None]
-    assert verdict.mean_logprob is not None and min(values) - 1e-9 <= verdict.mean_logprob <= max(values) + 1e-9
-    assert verdict.draft_n == drafted
+    assert tally.mean_logprob is not None and min(values) - 1e-9 <= tally.mean_logprob <= max(values) + 1e-9
+    assert tally.draft_n == drafted
 
 
 @given(rest=st.lists(tokens, min_size=1, max_size=20), first=tokens, other_first=tokens)
 def test_the_first_token_is_never_counted(rest: list[Token], first: Token, other_first: Token) -> None:
     real = Token(logprob=-0.5, alternatives=3)
-    one = classify([first, real, *rest])
-    two = classify([other_first, real, *rest])
-    assert one.placeholders == two.placeholders
+    one = classify(Reading([first, real, *rest]))
+    two = classify(Reading([other_first, real, *rest]))
+    assert one.fill_ins == two.fill_ins
 
 
 @given(fill_ins=st.sets(st.integers(0, 15)), zeros=st.sets(st.integers(0, 15)), endpoint=endpoints)
@@ -206,16 +205,15 @@ def test_fill_ins_are_counted_exactly_and_a_real_zero_is_not_one(fill_ins: set[i
                                                                  endpoint: Endpoint) -> None:
     assume(0 not in fill_ins)  # the first token is always real on a real server
     fake = FakeLlama(speculative=True, fill_ins=fill_ins, tokens=16, real_zero_at=zeros)
-    path, body = request_for(endpoint, tokens=16)
-    response = fake(httpx.Request("POST", f"http://fake{path}", json=body))
-    if endpoint in STREAMING:
+    spec = TABLE[endpoint]
+    response = fake(httpx.Request("POST", f"http://fake{spec.path}", json=spec.body(16)))
+    if spec.streaming:
         lines = [line for line in response.text.splitlines() if line.startswith("data:") and "[DONE]" not in line]
-        events = [json.loads(line[5:]) for line in lines]
-        found, timing = tokens_from_events(endpoint, events)
+        answer: Any = [json.loads(line[5:]) for line in lines]
     else:
-        found, timing = tokens_from_response(endpoint, response.json())
-    verdict = classify(found, timing)
-    assert (verdict.tokens, verdict.placeholders) == (16, len(fill_ins))
+        answer = response.json()
+    tally = classify(spec.read(answer))
+    assert (tally.tokens, tally.fill_ins) == (16, len(fill_ins))
 
 
 @given(hours=st.integers(0, 48), minutes=st.integers(0, 59), seconds=st.integers(0, 59), millis=st.integers(0, 999))

@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from exporter.llamaserver import SERVER_KINDS, LlamaServer
-from exporter.tinymodel import cycle_text, write_cycle_model
+from exporter.demo.llamaserver import SERVER_KINDS, LlamaServer
+from exporter.demo.tinymodel import cycle_text, write_cycle_model
 
 pytestmark = pytest.mark.real
 

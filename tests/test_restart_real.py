@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fetch import Fetcher, new_client
-from exporter.llamaserver import LlamaServer
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.demo.llamaserver import LlamaServer
+from exporter.demo.tinymodel import write_cycle_model
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
 from exporter.settings import Settings
-from exporter.state import Fleet
-from exporter.tinymodel import write_cycle_model
-from exporter.watch import Watcher
 
 pytestmark = pytest.mark.real
 
@@ -26,14 +26,14 @@ async def test_stop_and_restart_with_speculation_while_watched(tmp_path: Path) -
         servers=[{"name": "target", "url": plain.url}, {"name": "neighbour", "url": neighbour.url}],
         canary_endpoints=["chat", "completion"],
     )
-    client = new_client(8)
-    watcher = Watcher(settings, Fleet(settings.servers), Fetcher(client, settings.max_response_bytes))
+    client = new_client()
+    watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes))
     try:
         await watcher.poll("target")
         await watcher.canary("target")
         state = watcher.fleet.get("target")
         assert state.poll_success and state.poll.slots.speculative is False
-        assert state.serving_placeholders is False
+        assert state.serving_fill_ins is False
 
         plain.stop()
         await watcher.poll("target")
@@ -48,8 +48,8 @@ async def test_stop_and_restart_with_speculation_while_watched(tmp_path: Path) -
         await watcher.canary("target")
         state = watcher.fleet.get("target")
         assert state.poll_success and state.poll.slots.speculative is True
-        assert state.serving_placeholders is True
-        assert all(c.last_result.placeholders == c.last_result.tokens - 1 for c in state.canaries.values())
+        assert state.serving_fill_ins is True
+        assert all(c.tally.fill_ins == c.tally.tokens - 1 for c in state.canaries.values())
     finally:
         await client.aclose()
         for server in (plain, neighbour, restarted):

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from exporter.schedule import Schedule
+from exporter.daemon.schedule import Schedule
 from exporter.settings import Settings
 
 

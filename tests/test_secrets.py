@@ -12,12 +12,14 @@ import httpx
 import pytest
 import structlog
 
-from exporter import cli, probes
-from exporter.fetch import Fetcher, new_client
+from exporter import cli
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.probe import probes
+from exporter.probe.canary import Endpoint
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
-from exporter.settings import Endpoint, Settings
-from exporter.state import Fleet
-from exporter.watch import Watcher
+from exporter.settings import Settings
 from tests.fakes import FakeLlama
 from tests.faultserver import (
     UNRESOLVABLE_URL,
@@ -134,7 +136,7 @@ def assert_keys_reached(echo_servers: dict[str, FaultServer]) -> None:
 async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures, key_file, key_env) -> None:
     settings = Settings(servers=fleet_config(echo_servers, other_failures, key_file), canary_endpoints=ENDPOINTS,
                         poll_timeout=1.0, canary_timeout=1.0, canary_tokens=8)
-    client = new_client(32)
+    client = new_client()
     fetcher = Fetcher(client, settings.max_response_bytes)
     try:
         details = []
@@ -145,7 +147,7 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
                     await probe()
                 except ProbeFailure as failure:
                     details.append(f"{server.name}: {failure!s} {failure.detail} {failure!r}")
-        watcher = Watcher(settings, Fleet(settings.servers), fetcher)
+        watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), fetcher)
         with structlog.testing.capture_logs() as logs:
             names = [s.name for s in settings.servers]
             await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))

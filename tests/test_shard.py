@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.daemon import watched_servers
-from exporter.llamaserver import free_port
+from exporter.daemon.run import watched_servers
+from exporter.daemon.shard import hashmod, select
+from exporter.demo.llamaserver import free_port
 from exporter.settings import Settings
-from exporter.shard import hashmod, select
 from tests.chain import Process, http_ok, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_assignment_is_the_same_in_a_fresh_process() -> None:
     """No per-process salt (such as Python's string hash seed) may move a server to another replica after a restart."""
     script = (
         "import json, sys\n"
-        "from exporter.shard import hashmod\n"
+        "from exporter.daemon.shard import hashmod\n"
         "names = json.load(sys.stdin)\n"
         "print(json.dumps([hashmod(n, m) for n in names for m in (2, 3, 5, 1000)]))\n"
     )

@@ -17,14 +17,16 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collector import ExporterStatus, SpecwatchCollector
-from exporter.fetch import Fetcher, new_client
+from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.schedule import Schedule
+from exporter.daemon.state import Fleet
+from exporter.daemon.watch import Watcher
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
-from exporter.schedule import Schedule
 from exporter.settings import Settings
-from exporter.state import Fleet
-from exporter.watch import Watcher
 from tests.faultserver import stranded_sockets
+
+pytestmark = pytest.mark.slow
 
 SERVERS = 200
 POLL_INTERVAL, CANARY_INTERVAL = 2.0, 5.0
@@ -89,7 +91,7 @@ def production_logging():
 
 async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> None:
     fleet_process, ports = start_chaos_fleet()
-    client = new_client(MAX_CONNECTIONS)
+    client = new_client()
     schedule: Schedule | None = None
     try:
         settings = Settings(
@@ -97,7 +99,7 @@ async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> Non
             poll_interval=POLL_INTERVAL, poll_timeout=1.0, canary_interval=CANARY_INTERVAL, canary_timeout=2.0,
             canary_endpoints=["chat", "completion_stream"], canary_tokens=8, max_concurrency=MAX_CONNECTIONS,
         )
-        fleet = Fleet(settings.servers)
+        fleet = Fleet(settings.servers, settings.canary_endpoints)
         watcher = Watcher(settings, fleet, Fetcher(client, settings.max_response_bytes))
         runs: dict[str, list[tuple[str, float]]] = collections.defaultdict(list)
         for kind in ("poll", "canary"):

@@ -131,18 +131,22 @@ async def test_removed_servers_vanish_and_added_ones_appear(make_watcher) -> Non
     assert value(s, "specwatch_servers") == 2
 
 
-async def test_fill_ins_are_logged_when_they_start_and_stop_not_every_canary(make_watcher) -> None:
+async def test_a_verdict_is_logged_when_it_changes_not_every_canary(make_watcher) -> None:
     import structlog
 
     fake = FakeLlama.draft(tokens=8)
     watcher = make_watcher({"a": fake}, canary_endpoints=["chat"])
     with structlog.testing.capture_logs() as logs:
+        await watcher.poll("a")
         for _ in range(3):
             await watcher.canary("a")
+            await watcher.poll("a")
         fake.fill_ins.clear()
         await watcher.canary("a")
         await watcher.canary("a")
-    events = [(e["event"], e["log_level"]) for e in logs if e["event"] != "canary_ok"]
-    assert events == [("fill_in_logprobs", "warning"), ("fill_in_logprobs_stopped", "info")]
-    first = next(e for e in logs if e["event"] == "fill_in_logprobs")
-    assert (first["server"], first["endpoint"], first["placeholders"], first["tokens"]) == ("a", "chat", 7, 8)
+    changes = [(e["previous"], e["verdict"], e["log_level"]) for e in logs if e["event"] == "verdict_changed"]
+    assert changes == [("unchecked", "fill_ins", "warning"), ("fill_ins", "clean", "info")]
+    first = next(e for e in logs if e["event"] == "verdict_changed")
+    assert first["server"] == "a"
+    assert first["summary"] == ("the server serves fill-in logprobs (fill-ins / tokens after the first: chat 7/7); "
+                                "do not score")

@@ -12,8 +12,8 @@ import bcrypt
 import httpx
 import pytest
 
+from exporter.daemon.websecurity import WebSecurity, load_web_config
 from exporter.settings import ConfigError
-from exporter.websecurity import WebSecurity, load_web_config
 from tests.faultserver import HOST, ExporterProcess, FaultServer, make_certs, refused_url
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
@@ -142,7 +142,7 @@ class CountingBcrypt:
             self.calls += 1
             return real(password, hashed)
 
-        monkeypatch.setattr("exporter.websecurity.bcrypt.checkpw", counted)
+        monkeypatch.setattr("exporter.daemon.websecurity.bcrypt.checkpw", counted)
 
 
 def test_authorise(monkeypatch) -> None:
@@ -170,7 +170,7 @@ def test_successful_checks_are_cached_failures_are_not(monkeypatch) -> None:
 
 
 def test_the_cache_is_bounded(monkeypatch) -> None:
-    from exporter import websecurity
+    from exporter.daemon import websecurity
 
     monkeypatch.setattr(websecurity, "CACHE_SIZE", 2)
     security = WebSecurity({"a": bcrypt_hash("1").encode(), "b": bcrypt_hash("2").encode(), "c": bcrypt_hash("3").encode()})

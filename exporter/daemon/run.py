@@ -5,24 +5,21 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
-from prometheus_client.core import Metric
 
 from exporter import __version__
-from exporter.collector import ExporterStatus, SpecwatchCollector
-from exporter.fetch import Fetcher, new_client
-from exporter.schedule import Schedule
+from exporter.daemon.collector import ExporterStatus, Exposition
+from exporter.daemon.schedule import Schedule
+from exporter.daemon.shard import select
+from exporter.daemon.state import Fleet, ServerState
+from exporter.daemon.watch import Watcher
+from exporter.daemon.web import ServerLink, WebApp
+from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import ConfigError, ServerConfig, Settings, load_settings, parse_shard
-from exporter.shard import select
-from exporter.state import Fleet, ServerState
-from exporter.watch import Watcher
-from exporter.web import ServerLink, WebApp
 
 log = structlog.get_logger("specwatch")
 
@@ -36,16 +33,6 @@ def watched_servers(settings: Settings, shard: str | None = None) -> list[Server
     return select(settings.servers, lambda s: s.name, index, count)
 
 
-class _Delegate:
-    """Puts one registry's metrics into another, so OpenMetrics scrapes see everything."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        return self._registry.collect()
-
-
 def landing_row(state: ServerState) -> ServerLink:
     """How the landing page shows one server: plain words, no secrets."""
     if state.poll_success is None:
@@ -57,15 +44,9 @@ def landing_row(state: ServerState) -> ServerLink:
         slots = state.poll.slots
         speculation = "unknown (/slots off)" if slots is None else ("on" if slots.speculative else "off")
         poll = f"up; speculation per /slots: {speculation}"
-    serving = state.serving_placeholders
-    if serving is None:
-        logprobs = "no successful canary yet"
-    elif serving:
-        bad = sorted(e.value for e, c in state.canaries.items() if c.last_result and c.last_result.placeholders)
-        logprobs = f"SERVING FILL-INS on {', '.join(bad)}"
-    else:
-        logprobs = "real"
-    return ServerLink(state.config.name, state.config.url, poll=poll, logprobs=logprobs, alarm=bool(serving))
+    decision = state.decision
+    return ServerLink(state.config.name, state.config.url, poll=poll, verdict=decision.verdict.value,
+                      summary=decision.summary)
 
 
 class Daemon:
@@ -82,8 +63,8 @@ class Daemon:
         self.overrides = overrides or {}
         self.settings = settings
         servers = watched_servers(settings, shard)
-        self.fleet = Fleet(servers)
-        self.client = new_client(settings.max_concurrency)
+        self.fleet = Fleet(servers, settings.canary_endpoints)
+        self.client = new_client()
         self.watcher = Watcher(settings, self.fleet, Fetcher(self.client, settings.max_response_bytes))
         self.schedule = Schedule(self.watcher)
         self.status = ExporterStatus(
@@ -91,21 +72,14 @@ class Daemon:
             canary_interval=settings.canary_interval,
             last_reload_success_timestamp=time.time(),
         )
-        self.collector = SpecwatchCollector(self.fleet, lambda: self.status)
-        self.process_registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.process_registry)
-        PlatformCollector(registry=self.process_registry)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
-        self.registry.register(_Delegate(self.process_registry))
+        self.exposition = Exposition(self.fleet, lambda: self.status)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._reload_lock = asyncio.Lock()
 
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
-            self.registry,
-            text_exposition=lambda: self.collector.exposition() + generate_latest(self.process_registry),
+            self.exposition.render,
             servers=lambda: [landing_row(s) for s in self.fleet.snapshot()],
             reload=self.reload_from_thread,
             authorise=authorise,

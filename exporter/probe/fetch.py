@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import socket
 import ssl
 from collections.abc import AsyncIterator, Coroutine
@@ -17,6 +16,7 @@ from exporter.reasons import ProbeFailure, Reason
 
 USER_AGENT = "specwatch"
 LLAMA_KEEPALIVE_SECONDS = 5.0
+CONNECTIONS_PER_SERVER = 4
 T = TypeVar("T")
 
 
@@ -93,15 +93,16 @@ class _CookielessClient(httpx.AsyncClient):
         pass  # nothing to keep: httpx assigns the constructor's (empty) cookies here
 
 
-def new_client(max_connections: int, *, verify: bool | ssl.SSLContext = True) -> httpx.AsyncClient:
-    """The one client a process shares: a connection pool per server, no redirects, no proxies from the env.
+def new_client(*, verify: bool | ssl.SSLContext = True) -> httpx.AsyncClient:
+    """The one client a process shares: a small connection pool per server, no redirects, no proxies from the env.
 
-    `max_connections` bounds the connections to any one server; the watcher's semaphore bounds the total.
+    The watcher probes a server with at most one poll and one canary at a time, so a few connections per server
+    always suffice; the watcher's semaphore bounds the total, and can change on reload without a new client.
     """
     # llama-server closes a connection idle for 5 s (it answers "Keep-Alive: timeout=5"); reusing one near that
     # moment races its close and fails the request as a reset, so idle connections are given up a second earlier.
     transport = PerServerTransport(
-        verify=verify, per_server=max(1, min(max_connections, 4)), keepalive_expiry=LLAMA_KEEPALIVE_SECONDS - 1.0
+        verify=verify, per_server=CONNECTIONS_PER_SERVER, keepalive_expiry=LLAMA_KEEPALIVE_SECONDS - 1.0
     )
     return _CookielessClient(
         follow_redirects=False,
@@ -168,15 +169,6 @@ def parse_json(body: bytes) -> Any:
     except (ValueError, UnicodeDecodeError) as err:
         snippet = body[:60].decode("utf-8", "replace")
         raise ProbeFailure(Reason.INVALID_JSON, f"not JSON ({err.__class__.__name__}): {snippet!r}") from None
-
-
-def finite(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer beyond any float: JSON allows it, a probability is never one
-        return False
 
 
 _detached: set[asyncio.Future[Any]] = set()

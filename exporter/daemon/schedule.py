@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from exporter.daemon.shard import phase
+from exporter.daemon.watch import Watcher
 from exporter.settings import ServerConfig
-from exporter.shard import phase
-from exporter.watch import Watcher
 
 KINDS = ("poll", "canary")
 

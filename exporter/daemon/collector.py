@@ -6,13 +6,16 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from exporter import __version__
+from exporter.daemon.state import Fleet, ServerState
 from exporter.settings import ServerConfig
-from exporter.state import Fleet, ServerState
+from exporter.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class _ServerLabels:
 
 _MEMO_LIMIT = 64
 _NO_EXTRA: Extra = ()
+_VERDICT_LABELS: dict[Verdict, Extra] = {state: (("verdict", state.value),) for state in Verdict}
 
 
 def _escape(value: str) -> str:
@@ -159,10 +163,13 @@ def _server_families(status: ExporterStatus) -> list[_Family]:
         _Family("specwatch_poll_failures", "counter", "Failed polls by reason (a closed set; see the README)."),
         _Family(
             "specwatch_canary_placeholder_ratio", "gauge",
-            f"Fill-in (placeholder) logprobs among the canary's tokens after the first. {cached}",
+            f"Share of the canary's tokens after the first that are fill-ins (placeholder logprobs). {cached}",
         ),
         _Family("specwatch_canary_tokens", "gauge", f"Tokens in the canary's answer. {cached}"),
-        _Family("specwatch_canary_placeholder_tokens", "gauge", f"Fill-in tokens in the canary's answer. {cached}"),
+        _Family(
+            "specwatch_canary_placeholder_tokens", "gauge",
+            f"Fill-ins (placeholder logprobs: 0.0 with no alternatives) among the canary's tokens. {cached}",
+        ),
         _Family(
             "specwatch_canary_mean_logprob", "gauge",
             f"Mean logprob of the canary's answer, as an eval would compute it from the values the response carries. {cached}",
@@ -173,7 +180,14 @@ def _server_families(status: ExporterStatus) -> list[_Family]:
         ),
         _Family(
             "specwatch_serving_placeholders", "gauge",
-            f"1 when the last successful canary of any endpoint found a fill-in logprob, else 0. {cached}",
+            "1 when the last successful canary of any endpoint found fill-ins (placeholder logprobs), else 0; kept while "
+            f"the server is down. specwatch_verdict is the decision alerts and `specwatch check` use. {cached}",
+        ),
+        _Family(
+            "specwatch_verdict", "gauge",
+            "The verdict on the server's logprobs; exactly one of the four is 1. clean: every token carries its "
+            "alternatives; fill_ins: a canary found fill-ins; unproven: speculating per /slots or /props and no canary "
+            "drafted; unchecked: not polled, down, unauthorised, no logprobs, or an endpoint not checked.",
         ),
         _Family(
             "specwatch_canary_success", "gauge",
@@ -250,21 +264,24 @@ def _canary_samples(out: Out, server: ServerState, labels: _ServerLabels) -> Non
         out.add("specwatch_canary_duration_seconds", labels, extra, canary.duration_seconds)
         if canary.last_success_timestamp is not None:
             out.add("specwatch_canary_last_success_timestamp_seconds", labels, extra, canary.last_success_timestamp)
-        verdict = canary.last_result
-        if verdict is None:
+        tally = canary.tally
+        if tally is None:
             continue
-        out.add("specwatch_canary_placeholder_ratio", labels, extra, verdict.placeholder_ratio)
-        out.add("specwatch_canary_tokens", labels, extra, verdict.tokens)
-        out.add("specwatch_canary_placeholder_tokens", labels, extra, verdict.placeholders)
-        if verdict.mean_logprob is not None:
-            out.add("specwatch_canary_mean_logprob", labels, extra, verdict.mean_logprob)
-        if verdict.draft_n is not None:
-            out.add("specwatch_canary_draft_tokens", labels, extra, verdict.draft_n)
+        out.add("specwatch_canary_placeholder_ratio", labels, extra, tally.fill_in_ratio)
+        out.add("specwatch_canary_tokens", labels, extra, tally.tokens)
+        out.add("specwatch_canary_placeholder_tokens", labels, extra, tally.fill_ins)
+        if tally.mean_logprob is not None:
+            out.add("specwatch_canary_mean_logprob", labels, extra, tally.mean_logprob)
+        if tally.draft_n is not None:
+            out.add("specwatch_canary_draft_tokens", labels, extra, tally.draft_n)
     for (endpoint, reason), count in sorted(server.canary_failures.items()):
         out.add("specwatch_canary_failures", labels, (("endpoint", endpoint.value), ("reason", reason.value)), count)
-    serving = server.serving_placeholders
+    serving = server.serving_fill_ins
     if serving is not None:
         out.add("specwatch_serving_placeholders", labels, _NO_EXTRA, int(serving))
+    verdict = server.decision.verdict
+    for state in Verdict:
+        out.add("specwatch_verdict", labels, _VERDICT_LABELS[state], int(state is verdict))
 
 
 @dataclass(frozen=True)
@@ -379,7 +396,7 @@ class SpecwatchCollector(Collector):
                 _poll_timing_samples(timing, server, labels)
                 answers.append(self._answers.text(server, labels, (server.config, server.poll, server.poll_failures), counters))
                 canaries.append(self._canaries.text(
-                    server, labels, (server.config, server.canaries, server.canary_failures), counters
+                    server, labels, (server.config, server.canaries, server.canary_failures, server.decision.verdict), counters
                 ))
             self._forget_removed(servers)
             names = tuple(s.config.name for s in servers)
@@ -407,3 +424,34 @@ class SpecwatchCollector(Collector):
                 del self._labels[name]
             self._answers.forget(names)
             self._canaries.forget(names)
+
+
+class _Delegate:
+    """Puts one registry's metrics into another, so OpenMetrics scrapes see everything."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return self._registry.collect()
+
+
+class Exposition:
+    """What /metrics serves: specwatch's families and the process' own, in the format the scraper asks for."""
+
+    def __init__(self, fleet: Fleet, status: Callable[[], ExporterStatus]) -> None:
+        self.collector = SpecwatchCollector(fleet, status)
+        self._process = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self._process)
+        PlatformCollector(registry=self._process)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self.registry.register(_Delegate(self._process))
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """(body, content type) for a scrape with this Accept header."""
+        encoder, content_type = choose_encoder(accept or "")
+        if content_type.startswith("text/plain"):
+            # The classic text format is what Prometheus asks for by default: the incremental renderer serves it.
+            return self.collector.exposition() + generate_latest(self._process), content_type
+        return encoder(self.registry), content_type

@@ -7,11 +7,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from urllib.parse import quote
 
-from exporter.canary import STREAMING, Verdict, classify, request_for, tokens_from_events, tokens_from_response
-from exporter.fetch import Fetcher
-from exporter.llama import Props, Slots, model_names, parse_props, parse_slots
+from exporter.probe.canary import TABLE, Endpoint, Tally, classify
+from exporter.probe.fetch import Fetcher
+from exporter.probe.llama import Props, Slots, model_names, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import Endpoint, ServerConfig
+from exporter.settings import ServerConfig
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ async def poll(fetcher: Fetcher, server: ServerConfig, *, timeout: float) -> Pol
         return await _poll(fetcher, server, timeout=timeout)
 
 
-async def canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Verdict:
+async def canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
     with _secret_free(server):
         return await _canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
 
@@ -88,13 +88,14 @@ async def _poll(fetcher: Fetcher, server: ServerConfig, *, timeout: float) -> Po
     return PollResult(props=props, slots=parse_slots(raw_slots))
 
 
-async def _canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Verdict:
-    path, body = request_for(endpoint, tokens=tokens, model=server.model)
-    url, headers = f"{server.url}{path}", auth_headers(server)
-    if endpoint in STREAMING:
-        events = await fetcher.post_events(url, body, headers=headers, timeout=timeout)
-        found, timings = tokens_from_events(endpoint, events)
+async def _canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
+    spec = TABLE[endpoint]
+    body = spec.body(tokens)
+    if server.model:
+        body["model"] = server.model
+    url, headers = f"{server.url}{spec.path}", auth_headers(server)
+    if spec.streaming:
+        answer = await fetcher.post_events(url, body, headers=headers, timeout=timeout)
     else:
         answer = await fetcher.post_json(url, body, headers=headers, timeout=timeout)
-        found, timings = tokens_from_response(endpoint, answer)
-    return classify(found, timings)
+    return classify(spec.read(answer))

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
-
 from exporter import __version__
 
 DEFAULT_PORT = 9824
@@ -27,8 +24,8 @@ class ServerLink:
     name: str
     url: str
     poll: str = "not polled yet"
-    logprobs: str = "no canary yet"
-    alarm: bool = False
+    verdict: str = "unchecked"
+    summary: str = "not polled yet"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -65,12 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         app = self.server.app
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             try:
-                if app.text_exposition is not None and content_type.startswith("text/plain"):
-                    body = app.text_exposition()
-                else:
-                    body = encoder(app.registry)
+                body, content_type = app.metrics(self.headers.get("Accept"))
             except Exception as err:  # noqa: BLE001 - a broken scrape must answer, not kill the thread
                 self._send(500, f"error collecting metrics: {err.__class__.__name__}\n".encode())
                 return
@@ -123,31 +116,28 @@ class WebApp:
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        metrics: Callable[[str | None], tuple[bytes, str]],
         *,
         servers: Callable[[], list[ServerLink]],
         reload: Callable[[], str | None],
         ready: Callable[[], bool] = lambda: True,
         authorise: Callable[[str | None], bool] | None = None,
         client_timeout: float = 30.0,
-        text_exposition: Callable[[], bytes] | None = None,
     ) -> None:
-        self.registry = registry
+        self.metrics = metrics
+        """(body, content type) of a scrape, given its Accept header."""
         self.servers = servers
         self.reload = reload
         self.ready = ready
         self.authorise = authorise
         # A client that stalls (mid-request or mid-TLS-handshake) gives up its thread after this long.
         self.client_timeout = client_timeout
-        # The classic text format is what Prometheus asks for by default; a renderer that reuses unchanged
-        # lines serves a 1,000-server fleet far faster than formatting every sample on each scrape.
-        self.text_exposition = text_exposition
         self._httpd: _WebServer | None = None
 
     def landing_page(self) -> str:
         rows = "\n".join(
-            f'<tr class="{"alarm" if s.alarm else "ok"}"><td>{html.escape(s.name)}</td><td><code>{html.escape(s.url)}</code></td>'
-            f"<td>{html.escape(s.poll)}</td><td>{html.escape(s.logprobs)}</td></tr>"
+            f'<tr class="{html.escape(s.verdict)}"><td>{html.escape(s.name)}</td><td><code>{html.escape(s.url)}</code></td>'
+            f"<td>{html.escape(s.poll)}</td><td>{html.escape(s.verdict)}</td><td>{html.escape(s.summary)}</td></tr>"
             for s in self.servers()
         )
         return f"""<!doctype html>
@@ -156,7 +146,8 @@ class WebApp:
 body {{ font-family: sans-serif; margin: 2em; }}
 table {{ border-collapse: collapse; }}
 td, th {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
-tr.alarm td {{ background: #fde2e1; }}
+tr.fill_ins td {{ background: #fde2e1; }}
+tr.unproven td, tr.unchecked td {{ background: #fff4d6; }}
 </style></head>
 <body>
 <h1>specwatch {html.escape(__version__)}</h1>
@@ -167,9 +158,9 @@ tr.alarm td {{ background: #fde2e1; }}
 </ul>
 <h2>Watched servers</h2>
 <table id="servers">
-<thead><tr><th>server</th><th>url</th><th>last poll</th><th>logprobs</th></tr></thead>
+<thead><tr><th>server</th><th>url</th><th>last poll</th><th>verdict</th><th>why</th></tr></thead>
 <tbody>
-{rows or '<tr><td colspan="4">none</td></tr>'}
+{rows or '<tr><td colspan="5">none</td></tr>'}
 </tbody>
 </table>
 </body></html>

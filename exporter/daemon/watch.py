@@ -9,11 +9,12 @@ from typing import TypeVar
 
 import structlog
 
-from exporter import probes
-from exporter.fetch import Fetcher
+from exporter.daemon.state import Fleet, ServerState
+from exporter.probe import probes
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import Endpoint, ServerConfig, Settings
-from exporter.state import Fleet
+from exporter.settings import ServerConfig, Settings
+from exporter.verdict import Verdict
 
 log = structlog.get_logger("specwatch")
 T = TypeVar("T")
@@ -37,9 +38,21 @@ class Watcher:
         self._clock = clock
         self._monotonic = monotonic
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        self._concurrency = settings.max_concurrency
         self._in_flight: set[tuple[str, str]] = set()
 
+    @property
+    def concurrency(self) -> int:
+        """Probes allowed in flight at once (max_concurrency)."""
+        return self._concurrency
+
     def apply(self, settings: Settings, servers: list[ServerConfig]) -> None:
+        """Adopt reloaded settings: every key takes effect from the next probe on."""
+        if settings.max_concurrency != self.settings.max_concurrency:
+            # Probes in flight release the semaphore they took; new ones queue on the new one.
+            self._limit = asyncio.Semaphore(settings.max_concurrency)
+            self._concurrency = settings.max_concurrency
+        self.fetcher.max_bytes = settings.max_response_bytes
         self.settings = settings
         self.fleet.reconcile(servers, settings.canary_endpoints)
 
@@ -66,11 +79,14 @@ class Watcher:
             result, reason, detail, duration = await self._measure(
                 lambda: probes.poll(self.fetcher, server, timeout=timeout), timeout
             )
-            self.fleet.record_poll(name, result=result, reason=reason, duration=duration, now=self._clock())
+            change = self.fleet.record_poll(
+                name, result=result, reason=reason, detail=detail, duration=duration, now=self._clock()
+            )
             if reason is not None:
                 log.warning("poll_failed", server=name, reason=reason.value, detail=detail, duration=round(duration, 4))
             else:
                 log.debug("poll_ok", server=name, duration=round(duration, 4))
+            _log_verdict(name, change)
         except asyncio.CancelledError:
             log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
@@ -83,42 +99,28 @@ class Watcher:
         try:
             timeout = self.settings.timeout_for(server, canary=True)
             for endpoint in self.settings.canary_endpoints:
-                verdict, reason, detail, duration = await self._measure(
+                tally, reason, detail, duration = await self._measure(
                     lambda endpoint=endpoint: probes.canary(
                         self.fetcher, server, endpoint, tokens=self.settings.canary_tokens, timeout=timeout
                     ),
                     timeout,
                 )
-                before = self._serving(name, endpoint)
-                self.fleet.record_canary(name, endpoint, verdict=verdict, reason=reason, duration=duration, now=self._clock())
-                if verdict is None:
+                change = self.fleet.record_canary(
+                    name, endpoint, tally=tally, reason=reason, detail=detail, duration=duration, now=self._clock()
+                )
+                if tally is None:
                     log.warning(
                         "canary_failed", server=name, endpoint=endpoint.value, reason=reason and reason.value, detail=detail,
                         duration=round(duration, 4),
                     )
-                    continue
-                serving = verdict.placeholders > 0
-                fields = {"server": name, "endpoint": endpoint.value, "tokens": verdict.tokens,
-                          "placeholders": verdict.placeholders, "draft_n": verdict.draft_n}
-                # A speculating server would otherwise log the same warning every canary_interval, forever.
-                if serving and before is not True:
-                    log.warning("fill_in_logprobs", **fields)
-                elif not serving and before is True:
-                    log.info("fill_in_logprobs_stopped", **fields)
                 else:
-                    log.debug("canary_ok", duration=round(duration, 4), **fields)
+                    log.debug("canary_ok", server=name, endpoint=endpoint.value, tokens=tally.tokens, fill_ins=tally.fill_ins,
+                              draft_n=tally.draft_n, duration=round(duration, 4))
+                _log_verdict(name, change)
         except asyncio.CancelledError:
             log.debug("canary_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard((name, "canary"))
-
-    def _serving(self, name: str, endpoint: Endpoint) -> bool | None:
-        """Whether the cached verdict of this endpoint shows fill-ins; None before any success."""
-        state = self.fleet.get(name)
-        canary = state.canaries.get(endpoint) if state is not None else None
-        if canary is None or canary.last_result is None:
-            return None
-        return canary.last_result.placeholders > 0
 
     def _claim(self, name: str, kind: str) -> ServerConfig | None:
         """The server's config if no `kind` probe is in flight for it; a slow server never piles up probes."""
@@ -130,3 +132,14 @@ class Watcher:
             return None
         self._in_flight.add((name, kind))
         return state.config
+
+
+def _log_verdict(name: str, change: tuple[ServerState, ServerState] | None) -> None:
+    """One line when a server's verdict changes, not one per probe: a speculating server would repeat it forever."""
+    if change is None:
+        return
+    old, new = change[0].decision, change[1].decision
+    if old.verdict is new.verdict:
+        return
+    level = log.warning if new.verdict is Verdict.FILL_INS else log.info
+    level("verdict_changed", server=name, verdict=new.verdict.value, previous=old.verdict.value, summary=new.summary)

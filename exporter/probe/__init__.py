@@ -1,0 +1,1 @@
+"""Probing llama-servers: HTTP, the endpoint table, answer parsers and the token classifier; no metrics, no scheduler."""

@@ -1,0 +1,281 @@
+"""The canary: one table of the endpoints it asks (path, body, how to read tokens, streaming) and the fill-in classifier."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from exporter.reasons import ProbeFailure, Reason
+
+ALTERNATIVES = 3
+SEED = 4242
+# n-gram speculation drafts only from text already in the context, so the prompt repeats a line
+# and asks for more of it; a draft model drafts on any text.
+REPEATED_LINE = "the cat sat on the mat."
+PROMPT_TEXT = " ".join([REPEATED_LINE] * 6) + " the cat"
+CHAT_INSTRUCTION = "Repeat the following line over and over, with nothing else: " + REPEATED_LINE
+MAX_COUNT = 1 << 40
+
+
+class Endpoint(StrEnum):
+    """The ways an eval reads logprobs; each is canaried separately."""
+
+    CHAT = "chat"
+    CHAT_STREAM = "chat_stream"
+    COMPLETION = "completion"
+    COMPLETION_STREAM = "completion_stream"
+    COMPLETION_POST_SAMPLING = "completion_post_sampling"
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token as the answer shows it: None where the answer has no value."""
+
+    logprob: float | None
+    alternatives: int | None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one answer (or stream) says: its tokens and the draft counts from `timings`, when reported."""
+
+    tokens: list[Token]
+    draft_n: int | None = None
+    draft_accepted: int | None = None
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The classified canary answer of one endpoint: how many tokens, how many of them fill-ins."""
+
+    tokens: int
+    fill_ins: int
+    mean_logprob: float | None
+    draft_n: int | None
+    draft_accepted: int | None
+
+    @property
+    def fill_in_ratio(self) -> float:
+        after_first = self.tokens - 1
+        return self.fill_ins / after_first if after_first > 0 else 0.0
+
+    @property
+    def drafted(self) -> bool:
+        """The server went through its speculative path for this answer."""
+        return bool(self.draft_n) or self.fill_ins > 0
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """Everything specwatch knows about one canary endpoint."""
+
+    endpoint: Endpoint
+    path: str
+    streaming: bool
+    body: Callable[[int], dict[str, Any]]
+    """The request body for a canary of so many tokens (the probe adds `model` for routers)."""
+    read: Callable[[Any], Reading]
+    """Tokens from the answer: the parsed JSON body, or the list of parsed events when streaming."""
+
+
+def _common() -> dict[str, Any]:
+    return {"temperature": 0.0, "seed": SEED, "cache_prompt": False}
+
+
+def _chat_body(*, stream: bool) -> Callable[[int], dict[str, Any]]:
+    def body(tokens: int) -> dict[str, Any]:
+        return {
+            **_common(),
+            "messages": [{"role": "system", "content": CHAT_INSTRUCTION}, {"role": "user", "content": PROMPT_TEXT}],
+            "max_tokens": tokens,
+            "logprobs": True,
+            "top_logprobs": ALTERNATIVES,
+            "stream": stream,
+        }
+
+    return body
+
+
+def _completion_body(*, stream: bool, post_sampling: bool = False) -> Callable[[int], dict[str, Any]]:
+    def body(tokens: int) -> dict[str, Any]:
+        answer = {**_common(), "prompt": PROMPT_TEXT, "n_predict": tokens, "n_probs": ALTERNATIVES, "stream": stream}
+        if post_sampling:
+            answer["post_sampling_probs"] = True
+        return answer
+
+    return body
+
+
+def _bad(what: str) -> ProbeFailure:
+    return ProbeFailure(Reason.INVALID_RESPONSE, what)
+
+
+def finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float: JSON allows it, a probability is never one
+        return False
+
+
+def _entry_token(entry: Any, *, post_sampling: bool, where: str) -> Token:
+    if not isinstance(entry, dict):
+        raise _bad(f"{where} is not an object")
+    value_key, list_key = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+    value = entry.get(value_key)
+    if not finite(value):
+        raise _bad(f"{where}.{value_key} is {value!r}, not a finite number")
+    if post_sampling:
+        if not 0.0 <= value <= 1.0 + 1e-6:
+            raise _bad(f"{where}.prob {value!r} is outside [0, 1]")
+        logprob = math.log(value) if value > 0 else -1e9
+    else:
+        if value > 1e-6:
+            raise _bad(f"{where}.logprob {value!r} is positive")
+        logprob = float(value)
+    alternatives = entry.get(list_key)
+    if alternatives is None:
+        count = None
+    elif isinstance(alternatives, list):
+        count = len(alternatives)
+    else:
+        raise _bad(f"{where}.{list_key} is not a list")
+    return Token(logprob=logprob, alternatives=count)
+
+
+def _entries(entries: Any, *, post_sampling: bool, where: str) -> list[Token]:
+    if not isinstance(entries, list):
+        raise _bad(f"{where} is not a list")
+    return [_entry_token(e, post_sampling=post_sampling, where=f"{where}[{i}]") for i, e in enumerate(entries)]
+
+
+def _timings(body: Any) -> tuple[int | None, int | None]:
+    timings = body.get("timings") if isinstance(body, dict) else None
+    if not isinstance(timings, dict):
+        return None, None
+    # A count beyond any float would fail every scrape when exported; such a count is unknown, not huge.
+    drafted, accepted = (
+        v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT else None
+        for v in (timings.get("draft_n"), timings.get("draft_n_accepted"))
+    )
+    return drafted, accepted
+
+
+def _chat_choice(body: Any, where: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise _bad(f"{where} is not a JSON object")
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        raise _bad(f"{where} has no choices list")
+    if not choices:
+        return {}
+    if not isinstance(choices[0], dict):
+        raise _bad(f"{where}.choices[0] is not an object")
+    return choices[0]
+
+
+def _read_chat(body: Any) -> Reading:
+    choice = _chat_choice(body, "response")
+    logprobs = choice.get("logprobs")
+    tokens: list[Token] = []
+    if logprobs is not None:
+        if not isinstance(logprobs, dict):
+            raise _bad("choices[0].logprobs is not an object")
+        content = logprobs.get("content")
+        if content is not None:
+            tokens = _entries(content, post_sampling=False, where="logprobs.content")
+    return Reading(tokens, *_timings(body))
+
+
+def _completion_reader(*, post_sampling: bool) -> Callable[[Any], Reading]:
+    def read(body: Any) -> Reading:
+        if not isinstance(body, dict):
+            raise _bad("response is not a JSON object")
+        probabilities = body.get("completion_probabilities")
+        tokens = [] if probabilities is None else _entries(probabilities, post_sampling=post_sampling,
+                                                           where="completion_probabilities")
+        return Reading(tokens, *_timings(body))
+
+    return read
+
+
+def _stream_reader(chunk: Callable[[Any, str], tuple[Any, Any]]) -> Callable[[Any], Reading]:
+    """A stream reader from `chunk(event, where) -> (content, logprob entries)`.
+
+    A speculating server sends logprobs only with the first chunk: a content chunk without them is one token
+    with no value, which the classifier counts as a fill-in.
+    """
+
+    def read(events: Sequence[Any]) -> Reading:
+        tokens: list[Token] = []
+        timings: tuple[int | None, int | None] = (None, None)
+        for index, event in enumerate(events):
+            where = f"stream event {index}"
+            content, entries = chunk(event, where)
+            if entries:
+                tokens.extend(_entries(entries, post_sampling=False, where=f"{where} logprobs"))
+            elif isinstance(content, str) and content:
+                tokens.append(Token(logprob=None, alternatives=None))
+            found = _timings(event)
+            if found != (None, None):
+                timings = found
+        return Reading(tokens, *timings)
+
+    return read
+
+
+def _chat_chunk(event: Any, where: str) -> tuple[Any, Any]:
+    choice = _chat_choice(event, where)
+    delta = choice.get("delta") or {}
+    logprobs = choice.get("logprobs")
+    return (delta.get("content") if isinstance(delta, dict) else None,
+            logprobs.get("content") if isinstance(logprobs, dict) else None)
+
+
+def _completion_chunk(event: Any, where: str) -> tuple[Any, Any]:
+    if not isinstance(event, dict):
+        raise _bad(f"{where} is not a JSON object")
+    return event.get("content"), event.get("completion_probabilities")
+
+
+TABLE: Mapping[Endpoint, EndpointSpec] = MappingProxyType({
+    spec.endpoint: spec
+    for spec in (
+        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), _read_chat),
+        EndpointSpec(Endpoint.CHAT_STREAM, "/v1/chat/completions", True, _chat_body(stream=True), _stream_reader(_chat_chunk)),
+        EndpointSpec(Endpoint.COMPLETION, "/completion", False, _completion_body(stream=False),
+                     _completion_reader(post_sampling=False)),
+        EndpointSpec(Endpoint.COMPLETION_STREAM, "/completion", True, _completion_body(stream=True),
+                     _stream_reader(_completion_chunk)),
+        EndpointSpec(Endpoint.COMPLETION_POST_SAMPLING, "/completion", False, _completion_body(stream=False, post_sampling=True),
+                     _completion_reader(post_sampling=True)),
+    )
+})
+
+
+def classify(reading: Reading) -> Tally:
+    """Count fill-ins: after the first token, a token with no value or an empty alternatives list.
+
+    An exact 0.0 alone proves nothing (a real token can be certain); the empty list is the signal.
+    """
+    tokens = reading.tokens
+    if not tokens:
+        raise ProbeFailure(Reason.NO_LOGPROBS, "the answer carries no tokens")
+    if all(t.logprob is None for t in tokens):
+        raise ProbeFailure(Reason.NO_LOGPROBS, "logprobs were requested but none came back")
+    if all(t.alternatives is None for t in tokens):
+        raise ProbeFailure(Reason.NO_LOGPROBS, "alternatives were requested but none came back")
+    fill_ins = sum(1 for t in tokens[1:] if t.logprob is None or not t.alternatives)
+    values = [t.logprob for t in tokens if t.logprob is not None]
+    return Tally(
+        tokens=len(tokens),
+        fill_ins=fill_ins,
+        mean_logprob=sum(values) / len(values) if values else None,
+        draft_n=reading.draft_n,
+        draft_accepted=reading.draft_accepted,
+    )

@@ -1,0 +1,97 @@
+"""The one verdict on a server's logprobs (clean, fill_ins, unproven, unchecked), decided in one place for every consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from exporter.probe.canary import Tally
+
+
+class Verdict(StrEnum):
+    """Whether an eval may read logprobs from a server; `specwatch check` exits with `exit_code`."""
+
+    CLEAN = "clean"
+    """Every canary token after the first carries its alternatives: the logprobs are real."""
+    FILL_INS = "fill_ins"
+    """A canary got fill-ins (placeholder logprobs: 0.0 with no alternatives) from speculative decoding."""
+    UNPROVEN = "unproven"
+    """The server speculates (per /slots or /props) but no canary drafted, so its logprobs are not proven real."""
+    UNCHECKED = "unchecked"
+    """No verdict could be reached: down, unauthorised, no logprobs, an endpoint failing, not canaried yet."""
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODES[self]
+
+
+_EXIT_CODES = {Verdict.CLEAN: 0, Verdict.FILL_INS: 1, Verdict.UNPROVEN: 1, Verdict.UNCHECKED: 2}
+# Worst first: the order on-call reads a fleet in.
+SEVERITY = (Verdict.FILL_INS, Verdict.UNPROVEN, Verdict.UNCHECKED, Verdict.CLEAN)
+
+
+@dataclass(frozen=True)
+class EndpointEvidence:
+    endpoint: str
+    tally: Tally | None
+    """The latest successful canary's tally on this endpoint, if any."""
+    failure: str | None = None
+    """Why the latest canary on this endpoint failed ("reason: detail"); None when it succeeded."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the probes found about one server (or one router model)."""
+
+    poll_failure: str | None
+    """Why the last poll failed ("reason: detail"), "not polled yet", or None after a good poll."""
+    speculation_slots: bool | None = None
+    speculation_props: bool | None = None
+    endpoints: Sequence[EndpointEvidence] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    summary: str
+    """One sentence for people: the log, the landing page, `specwatch check`."""
+
+
+def _counts(tally: Tally) -> str:
+    return f"{tally.fill_ins}/{tally.tokens - 1}"
+
+
+def decide(evidence: Evidence) -> Decision:
+    """The verdict, by precedence: cannot poll, fill-ins seen, an endpoint unchecked, speculating unproven, clean.
+
+    Fill-ins outrank a failing endpoint: they are proof, whatever the other endpoints do. Nothing is clean
+    unless every endpoint asked was checked.
+    """
+    if evidence.poll_failure is not None:
+        return Decision(Verdict.UNCHECKED, f"could not poll the server: {evidence.poll_failure}")
+    checked = [e for e in evidence.endpoints if e.tally is not None]
+    fill_ins = [e for e in checked if e.tally is not None and e.tally.fill_ins > 0]
+    if fill_ins:
+        counts = ", ".join(f"{e.endpoint} {_counts(e.tally)}" for e in fill_ins if e.tally is not None)
+        return Decision(
+            Verdict.FILL_INS,
+            f"the server serves fill-in logprobs (fill-ins / tokens after the first: {counts}); do not score",
+        )
+    if not evidence.endpoints:
+        return Decision(Verdict.UNCHECKED, "no canary has run yet")
+    unchecked = [e for e in evidence.endpoints if e.failure is not None or e.tally is None]
+    if unchecked:
+        why = "; ".join(f"{e.endpoint}: {e.failure or 'no canary yet'}" for e in unchecked)
+        return Decision(Verdict.UNCHECKED, f"could not check every endpoint: {why}")
+    drafted = any(e.tally is not None and e.tally.drafted for e in evidence.endpoints)
+    if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
+        source = "/slots" if evidence.speculation_slots else "/props"
+        return Decision(
+            Verdict.UNPROVEN,
+            f"{source} says the server speculates, but no canary drafted (timings.draft_n), "
+            "so its logprobs are not proven real; do not score",
+        )
+    if drafted:
+        return Decision(Verdict.CLEAN, "the server drafted and still returned real logprobs with alternatives")
+    return Decision(Verdict.CLEAN, "logprobs are real: every token carries its alternatives")

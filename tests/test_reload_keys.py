@@ -1,0 +1,57 @@
+"""Every configuration key takes effect on reload: the running daemon's parts show the new value, none keeps its old one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.daemon.run import Daemon
+from exporter.settings import Settings, load_settings
+
+SERVERS = [{"name": name, "url": f"http://127.0.0.1:{port}"} for port, name in enumerate("abcdefgh", start=9)]
+
+
+def _server(daemon: Daemon, name: str = "a"):
+    state = daemon.fleet.get(name)
+    assert state is not None
+    return state.config
+
+
+# key: (new value, what the running daemon must show afterwards)
+CHANGES: dict[str, tuple[Any, Callable[[Daemon], bool]]] = {
+    "servers": ([{"name": "c", "url": "http://127.0.0.1:11"}], lambda d: [s.config.name for s in d.fleet.snapshot()] == ["c"]),
+    "poll_interval": ("7s", lambda d: d.watcher.settings.poll_interval == 7.0 and d.status.poll_interval == 7.0),
+    "canary_interval": ("90s", lambda d: d.watcher.settings.canary_interval == 90.0 and d.status.canary_interval == 90.0),
+    "poll_timeout": ("2s", lambda d: d.watcher.settings.timeout_for(_server(d), canary=False) == 2.0),
+    "canary_timeout": ("9s", lambda d: d.watcher.settings.timeout_for(_server(d), canary=True) == 9.0),
+    "canary_tokens": (12, lambda d: d.watcher.settings.canary_tokens == 12),
+    "canary_endpoints": (["chat"], lambda d: [e.value for e in d.watcher.settings.canary_endpoints] == ["chat"]
+                         and all(s.endpoints == tuple(d.watcher.settings.canary_endpoints) for s in d.fleet.snapshot())),
+    "max_concurrency": (3, lambda d: d.watcher.concurrency == 3),
+    "max_response_bytes": (2048, lambda d: d.watcher.fetcher.max_bytes == 2048),
+    "shard": ("1/2", lambda d: 0 < len(d.fleet.snapshot()) < len(SERVERS)),
+}
+
+
+def test_the_table_covers_every_settings_key() -> None:
+    assert set(CHANGES) == set(Settings.model_fields)
+
+
+@pytest.mark.parametrize("key", sorted(CHANGES))
+async def test_a_reloaded_key_takes_effect(key: str, tmp_path: Path) -> None:
+    config = tmp_path / "specwatch.yml"
+    config.write_text(yaml.safe_dump({"servers": SERVERS}))
+    daemon = Daemon(config, load_settings(config))
+    try:
+        new, shows = CHANGES[key]
+        assert not shows(daemon), f"{key}: the check passes before the reload, so it proves nothing"
+        config.write_text(yaml.safe_dump({"servers": SERVERS, key: new}))
+        assert await daemon.reload() is None
+        assert shows(daemon), f"{key} did not take effect on reload"
+    finally:
+        daemon.schedule.shutdown()
+        await daemon.client.aclose()
