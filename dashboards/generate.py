@@ -45,6 +45,15 @@ def words(mapping: dict[str, tuple[str, str]]) -> list[model.ValueMapping]:
 
 
 SERVING_WORDS = words({"0": ("real logprobs", "green"), "1": ("FILL-INS", "red")})
+VERDICT_WORDS = words({"0": ("clean", "green"), "1": ("unchecked", "orange"), "2": ("unproven", "yellow"),
+                       "3": ("FILL_INS", "red")})
+
+
+def verdict_rank(match: str) -> str:
+    """specwatch_verdict as one number per series, worst highest, for the verdict timelines and stats."""
+    rank = {"fill_ins": 3, "unproven": 2, "unchecked": 1}
+    terms = [f'(specwatch_verdict{{{match}, verdict="{name}"}} * {value})' for name, value in rank.items()]
+    return " + ignoring (verdict) ".join(terms)
 ON_OFF_WORDS = words({"0": ("off", "green"), "1": ("on", "orange")})
 UP_WORDS = words({"0": ("down", "red"), "1": ("up", "green")})
 
@@ -142,6 +151,16 @@ def fleet() -> model.Dashboard:
              .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=True)))
 
     board = board.with_row(dash.Row("Now"))
+    for verdict, color, description in (
+        ("fill_ins", "red", "Servers whose verdict is fill_ins: a canary found fill-in logprobs (pages)."),
+        ("unproven", "yellow", "Servers that speculate per /slots or /props while no canary drafted: logprobs not proven."),
+        ("unchecked", "orange", "Servers without a verdict: down, refusing specwatch, no logprobs or an endpoint failing."),
+        ("clean", "green", "Servers whose every canary token carries its alternatives."),
+    ):
+        board = board.with_panel(big_number(
+            f"Verdict {verdict}", f'sum(job_verdict:specwatch_verdict:sum{{job=~"$job", verdict="{verdict}"}}) or vector(0)',
+            description, width=6,
+            thresholds=steps((None, "green")) if verdict == "clean" else steps((None, "green"), (1, color))))
     board = board.with_panel(big_number(
         "Servers serving fill-ins", 'sum(job:specwatch_serving_placeholders:sum{job=~"$job"})',
         "Servers whose last successful canary found fill-in logprobs (pages as SpecwatchServingFillInLogprobs).",
@@ -168,6 +187,7 @@ def fleet() -> model.Dashboard:
     board = board.with_panel(merged_table(
         "Servers", "What each server serves now; 'serving fill-ins' 1 means its logprobs are placeholders.",
         {
+            "verdict": f"max by (job, server) ({verdict_rank(MATCH)})",
             "serving fill-ins": f"max by (job, server) (specwatch_serving_placeholders{{{MATCH}}})",
             "up": f"max by (job, server) (specwatch_up{{{MATCH}}})",
             "speculation (/slots)": f'max by (job, server) (specwatch_speculation_enabled{{{MATCH}, source="slots"}})',
@@ -175,11 +195,18 @@ def fleet() -> model.Dashboard:
             "worst placeholder ratio": f"max by (job, server) (specwatch_canary_placeholder_ratio{{{MATCH}}})",
             "build and model": f"max by (job, server, build, model) (specwatch_server_info{{{MATCH}}})",
         },
-        hide=("Value #F",), height=9,
-    ).data_links([server_link]).override_by_name("serving fill-ins", [
+        hide=("Value #G",), height=9,
+    ).data_links([server_link]).override_by_name("verdict", [
+        model.DynamicConfigValue(id_val="mappings", value=VERDICT_WORDS),
+        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]).override_by_name("serving fill-ins", [
         model.DynamicConfigValue(id_val="mappings", value=SERVING_WORDS),
         model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
     ]))
+    board = board.with_panel(timeline(
+        "Verdict, since when",
+        "Per server, the verdict specwatch check and the alerts use: clean, unchecked, unproven or FILL_INS.",
+        f"max by (server) ({verdict_rank(MATCH)})", "{{server}}", VERDICT_WORDS))
     board = board.with_panel(timeline(
         "Serving fill-ins, since when",
         "Per server, whether the last successful canary found fill-in logprobs; the red span is the window whose evals "
@@ -262,6 +289,10 @@ def server() -> model.Dashboard:
              .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=False)))
     board = board.with_row(dash.Row("Now"))
     board = board.with_panel(big_number(
+        "Verdict", f"max({verdict_rank(MATCH)})",
+        "The verdict alerts and specwatch check use: clean, unchecked, unproven or FILL_INS.", mappings=VERDICT_WORDS,
+        thresholds=steps((None, "green"), (1, "orange"), (2, "yellow"), (3, "red"))))
+    board = board.with_panel(big_number(
         "Logprobs", f"max(specwatch_serving_placeholders{{{MATCH}}})",
         "Whether the last successful canary found fill-in logprobs on any endpoint.", mappings=SERVING_WORDS,
         thresholds=steps((None, "green"), (1, "red"))))
@@ -270,18 +301,18 @@ def server() -> model.Dashboard:
         mappings=UP_WORDS, thresholds=steps((None, "red"), (1, "green"))))
     board = board.with_panel(big_number(
         "Speculation (/slots)", f'max(specwatch_speculation_enabled{{{MATCH}, source="slots"}})',
-        "Speculative decoding as /slots reports it: the truth.", mappings=ON_OFF_WORDS,
+        "Speculative decoding as /slots reports it: the truth.", mappings=ON_OFF_WORDS, width=3,
         thresholds=steps((None, "green"), (1, "orange"))))
     board = board.with_panel(big_number(
         "Speculation (/props)", f'max(specwatch_speculation_enabled{{{MATCH}, source="props"}})',
-        "Speculative decoding as /props reports it: 'off' on every current llama-server.", mappings=ON_OFF_WORDS,
+        "Speculative decoding as /props reports it: 'off' on every current llama-server.", mappings=ON_OFF_WORDS, width=3,
         thresholds=steps((None, "green"), (1, "orange"))))
     board = board.with_panel(big_number(
         "Last good canary", f"time() - max(specwatch_canary_last_success_timestamp_seconds{{{MATCH}}})",
-        "Seconds since any endpoint's canary last succeeded.", unit="s",
+        "Seconds since any endpoint's canary last succeeded.", unit="s", width=3,
         thresholds=steps((None, "green"), (150, "orange"))))
     board = board.with_panel(big_number(
-        "Slots", f"max(specwatch_slots{{{MATCH}}})", "Parallel sequences the server runs.",
+        "Slots", f"max(specwatch_slots{{{MATCH}}})", "Parallel sequences the server runs.", width=3,
         thresholds=steps((None, "blue"))))
     board = board.with_panel(merged_table(
         "Build and model", "What the server reports in /props.",
@@ -291,6 +322,9 @@ def server() -> model.Dashboard:
     ).override_by_name("last good poll", [model.DynamicConfigValue(id_val="unit", value="dateTimeAsIso")]))
 
     board = board.with_row(dash.Row("Canary verdict per endpoint"))
+    board = board.with_panel(timeline(
+        "Verdict", "The verdict over time.", f"max by (server) ({verdict_rank(MATCH)})", "{{server}}", VERDICT_WORDS,
+        height=4))
     board = board.with_panel(timeline(
         "Serving fill-ins", "Whether the last successful canary found fill-in logprobs.",
         f"max by (server) (specwatch_serving_placeholders{{{MATCH}}})", "{{server}}", SERVING_WORDS, height=4))
