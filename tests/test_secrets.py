@@ -182,8 +182,9 @@ def test_check_command_output_carries_no_key(echo_servers, other_failures, key_f
 def write_config(path: Path, servers: list[dict], **extra: object) -> Path:
     import yaml
 
-    path.write_text(yaml.safe_dump({"servers": servers, "poll_interval": "500ms", "poll_timeout": "400ms",
-                                    "canary_interval": "1s", "canary_timeout": "800ms", "canary_tokens": 8,
+    # Generous timeouts: a loaded test machine must not turn a TLS or redirect answer into a timeout.
+    path.write_text(yaml.safe_dump({"servers": servers, "poll_interval": "1s", "poll_timeout": "900ms",
+                                    "canary_interval": "2s", "canary_timeout": "1500ms", "canary_tokens": 8,
                                     "canary_endpoints": ENDPOINTS, **extra}))
     return path
 

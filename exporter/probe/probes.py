@@ -5,13 +5,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Protocol
 from urllib.parse import quote
+
+from pydantic import SecretStr
 
 from exporter.probe.canary import TABLE, Endpoint, Tally, classify
 from exporter.probe.fetch import Fetcher
 from exporter.probe.llama import Props, Slots, model_names, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import ServerConfig
+
+
+class Target(Protocol):
+    """What a probe needs to know of a server: the settings' ServerConfig is one, without probes importing settings."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def api_key(self) -> SecretStr | None: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +51,7 @@ def redact(text: str, secret: str | None) -> str:
 
 
 @contextmanager
-def _secret_free(server: ServerConfig) -> Iterator[None]:
+def _secret_free(server: Target) -> Iterator[None]:
     """Failures leave without the server's API key: a hostile server or proxy may echo it into any detail."""
     key = server.api_key.get_secret_value() if server.api_key is not None else None
     try:
@@ -49,26 +62,26 @@ def _secret_free(server: ServerConfig) -> Iterator[None]:
         raise ProbeFailure(Reason.INTERNAL, redact(f"{err.__class__.__name__}: {str(err)[:200]}", key)) from None
 
 
-def auth_headers(server: ServerConfig) -> dict[str, str]:
+def auth_headers(server: Target) -> dict[str, str]:
     key = server.api_key
     return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
 
 
-def _model_query(server: ServerConfig) -> str:
+def _model_query(server: Target) -> str:
     return f"?model={quote(server.model, safe='')}" if server.model else ""
 
 
-async def poll(fetcher: Fetcher, server: ServerConfig, *, timeout: float) -> PollResult:
+async def poll(fetcher: Fetcher, server: Target, *, timeout: float) -> PollResult:
     with _secret_free(server):
         return await _poll(fetcher, server, timeout=timeout)
 
 
-async def canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
+async def canary(fetcher: Fetcher, server: Target, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
     with _secret_free(server):
         return await _canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
 
 
-async def _poll(fetcher: Fetcher, server: ServerConfig, *, timeout: float) -> PollResult:
+async def _poll(fetcher: Fetcher, server: Target, *, timeout: float) -> PollResult:
     headers = auth_headers(server)
     await fetcher.get_json(f"{server.url}/health", headers=headers, timeout=timeout)
     raw_props = await fetcher.get_json(f"{server.url}/props{_model_query(server)}", headers=headers, timeout=timeout)
@@ -88,7 +101,7 @@ async def _poll(fetcher: Fetcher, server: ServerConfig, *, timeout: float) -> Po
     return PollResult(props=props, slots=parse_slots(raw_slots))
 
 
-async def _canary(fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
+async def _canary(fetcher: Fetcher, server: Target, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
     spec = TABLE[endpoint]
     body = spec.body(tokens)
     if server.model:
