@@ -42,7 +42,7 @@ BAD_CONFIGS = [
     (OK_SERVER + "canary_interval: 0\n", "canary_interval: duration must be positive and finite, got 0"),
     (OK_SERVER + "pol_interval: 15s\n", "pol_interval: unknown key"),
     (OK_SERVER + "canary_endpoints: [chat, telepathy]\n",
-     "canary_endpoints[1]: Input should be 'chat', 'chat_stream', 'completion', 'completion_stream' or 'completion_post_sampling'"),
+     "canary_endpoints[1]: Input should be 'completion', 'completion_stream', 'completion_post_sampling', 'chat' or 'chat_stream'"),
     (OK_SERVER + "shard: 3/3\n", "shard: shard '3/3': need 0 <= INDEX < COUNT"),
     (OK_SERVER + "poll_interval: 5s\npoll_timeout: 10s\n", "poll_timeout (10.0s) must be shorter than poll_interval (5.0s)"),
     ("- just\n- a list\n", "the top level must be a mapping of keys such as servers:, poll_interval:"),

@@ -13,22 +13,28 @@ from exporter.reasons import ProbeFailure, Reason
 
 ALTERNATIVES = 3
 SEED = 4242
-# n-gram speculation drafts only from text already in the context, so the prompt repeats a line
-# and asks for more of it; a draft model drafts on any text.
-REPEATED_LINE = "the cat sat on the mat."
-PROMPT_TEXT = " ".join([REPEATED_LINE] * 6) + " the cat"
+# n-gram speculation drafts only from text already in the context, so the prompt repeats a line and asks for more
+# of it; a draft model drafts on any text. Lookup types (ngram-map-k: a 12-token key) need the key and what follows
+# it in the context, so the line comes twelve times (about 75 tokens): measured with bench/canary_tokens.py, every
+# n-gram type that drafts at all then drafts from the first request and the first few tokens.
+REPEATED_LINE = "the cat sat on a mat"
+PROMPT_TEXT = " ".join([REPEATED_LINE] * 12) + " the cat"
 CHAT_INSTRUCTION = "Repeat the following line over and over, with nothing else: " + REPEATED_LINE
 MAX_COUNT = 1 << 40
 
 
 class Endpoint(StrEnum):
-    """The ways an eval reads logprobs; each is canaried separately."""
+    """The ways an eval reads logprobs; each is canaried separately, in this order by default.
 
-    CHAT = "chat"
-    CHAT_STREAM = "chat_stream"
+    /completion comes first: a fresh server with ngram-map-k whose first request is a chat never drafts afterwards
+    (measured on build 11434 with bench/canary_tokens.py), while one whose first request is a completion does.
+    """
+
     COMPLETION = "completion"
     COMPLETION_STREAM = "completion_stream"
     COMPLETION_POST_SAMPLING = "completion_post_sampling"
+    CHAT = "chat"
+    CHAT_STREAM = "chat_stream"
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Reading:
     tokens: list[Token]
     draft_n: int | None = None
     draft_accepted: int | None = None
+    model: str | None = None
+    """The model the answer says produced it, when it says."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,11 @@ def _timings(body: Any) -> tuple[int | None, int | None]:
     return drafted, accepted
 
 
+def _model(body: Any) -> str | None:
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
 def _chat_choice(body: Any, where: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _bad(f"{where} is not a JSON object")
@@ -189,7 +202,7 @@ def _read_chat(body: Any) -> Reading:
         content = logprobs.get("content")
         if content is not None:
             tokens = _entries(content, post_sampling=False, where="logprobs.content")
-    return Reading(tokens, *_timings(body))
+    return Reading(tokens, *_timings(body), model=_model(body))
 
 
 def _completion_reader(*, post_sampling: bool) -> Callable[[Any], Reading]:
@@ -199,7 +212,7 @@ def _completion_reader(*, post_sampling: bool) -> Callable[[Any], Reading]:
         probabilities = body.get("completion_probabilities")
         tokens = [] if probabilities is None else _entries(probabilities, post_sampling=post_sampling,
                                                            where="completion_probabilities")
-        return Reading(tokens, *_timings(body))
+        return Reading(tokens, *_timings(body), model=_model(body))
 
     return read
 
@@ -214,6 +227,7 @@ def _stream_reader(chunk: Callable[[Any, str], tuple[Any, Any]]) -> Callable[[An
     def read(events: Sequence[Any]) -> Reading:
         tokens: list[Token] = []
         timings: tuple[int | None, int | None] = (None, None)
+        model: str | None = None
         for index, event in enumerate(events):
             where = f"stream event {index}"
             content, entries = chunk(event, where)
@@ -224,7 +238,8 @@ def _stream_reader(chunk: Callable[[Any, str], tuple[Any, Any]]) -> Callable[[An
             found = _timings(event)
             if found != (None, None):
                 timings = found
-        return Reading(tokens, *timings)
+            model = model or _model(event)
+        return Reading(tokens, *timings, model=model)
 
     return read
 

@@ -1,0 +1,74 @@
+"""How few canary tokens each kind of speculation needs: fill-ins per endpoint on fresh real llama-servers, per token count."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from exporter.demo.llamaserver import LlamaServer
+from exporter.demo.tinymodel import write_cycle_model
+from exporter.probe import probes
+from exporter.probe.canary import Endpoint
+from exporter.probe.fetch import Fetcher, new_client
+from exporter.reasons import ProbeFailure
+from exporter.settings import ServerConfig
+
+# Every speculation type the tests cover, plus a plain server that must never show a fill-in.
+KINDS: dict[str, list[str]] = {
+    "plain": [],
+    "draft-simple": ["-md", "{model}", "--spec-type", "draft-simple"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+}
+
+
+async def first_round(url: str, tokens: int) -> dict[str, tuple[int, int | None] | str]:
+    """A full canary round (every endpoint, in the daemon's order) on a server that has seen nothing yet."""
+    target = ServerConfig(name="probe", url=url)
+    async with new_client() as client:
+        fetcher = Fetcher(client, 4 * 1024 * 1024)
+        found: dict[str, tuple[int, int | None] | str] = {}
+        for endpoint in Endpoint:
+            try:
+                tally = await probes.canary(fetcher, target, endpoint, tokens=tokens, timeout=60)
+                found[endpoint.value] = (tally.fill_ins, tally.draft_n)
+            except ProbeFailure as failure:
+                found[endpoint.value] = str(failure)
+        return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.canary_tokens", description=__doc__)
+    parser.add_argument("--tokens", default="2,3,4,6,8,12,16", help="token counts to try (default 2,3,4,6,8,12,16)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"server kinds to try (default {','.join(KINDS)})")
+    args = parser.parse_args(argv)
+    counts = [int(t) for t in args.tokens.split(",")]
+    with tempfile.TemporaryDirectory(prefix="specwatch-tokens-") as tmp:
+        model = write_cycle_model(Path(tmp) / "cycle.gguf")
+        print(f"fill-ins / drafted (timings.draft_n) per endpoint, first canary round on a fresh server; model {model.name}")
+        header = f"{'kind':<14}{'tokens':>7}  " + "  ".join(f"{e.value:>24}" for e in Endpoint) + "  caught"
+        print(header)
+        for kind in args.kinds.split(","):
+            extra = KINDS[kind]
+            for tokens in counts:
+                args_for = [a.replace("{model}", str(model)) for a in extra]
+                with LlamaServer(model, args_for, log_dir=tmp) as server:
+                    found = asyncio.run(first_round(server.url, tokens))
+                cells = []
+                for endpoint in Endpoint:
+                    value = found[endpoint.value]
+                    if isinstance(value, str):
+                        cells.append(f"{value[:24]:>24}")
+                    else:
+                        cells.append(f"{value[0]:>3}/{tokens - 1:<3} d{value[1]!s:<5}".rjust(24))
+                caught = sum(1 for v in found.values() if not isinstance(v, str) and v[0] > 0)
+                print(f"{kind:<14}{tokens:>7}  " + "  ".join(cells) + f"  {caught}/{len(found)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
