@@ -134,7 +134,7 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float, renders
         if kind == "poll":
             ok = sum(1 for s in snapshot if s.poll_success)
         else:
-            ok = sum(1 for s in snapshot if s.canaries and all(c.success for c in s.canaries.values()))
+            ok = sum(1 for s in snapshot if (m := s.model()).canaries and all(c.success for c in m.canaries.values()))
         return {"wall": wall, "cpu": cpu, "requests": requests, "connections": connections, "ok": ok}
 
     out["poll_first"] = await cycle("poll")
@@ -146,7 +146,7 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float, renders
     await asyncio.sleep(keepalive + 0.5)
     out["canary"] = await cycle("canary")
     snapshot = daemon.fleet.snapshot()
-    out["verdicts_right"] = sum(1 for s in snapshot if s.serving_fill_ins == (s.config.name in speculating))
+    out["verdicts_right"] = sum(1 for s in snapshot if s.model().serving_fill_ins == (s.config.name in speculating))
     out.update(await _renders(daemon, names, renders))
     out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
     await daemon.client.aclose()

@@ -88,7 +88,13 @@ def _parser() -> argparse.ArgumentParser:
         "--api-key-file", type=Path, metavar="FILE", help="file holding the server's API key (sent as a Bearer token)"
     )
     check.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
-    check.add_argument("--model", help="model name, for router-mode servers")
+    check.add_argument(
+        "--model", help="check only this model of a router (default: every loaded model); never loads it unless --load"
+    )
+    check.add_argument(
+        "--load", action="store_true",
+        help="with --model: ask the router to load the model first if it is not loaded (it may evict another one)",
+    )
     check.add_argument(
         "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
         help="endpoint to check (repeatable; default: all)",
@@ -186,7 +192,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"specwatch check: {message}", file=sys.stderr)
         return Verdict.UNCHECKED.exit_code
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
-    report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout))
+    report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout, load=args.load))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
     return report.exit_code
 

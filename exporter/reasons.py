@@ -21,6 +21,8 @@ class Reason(StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     NO_LOGPROBS = "no_logprobs"
     MODEL_MISMATCH = "model_mismatch"
+    NOT_LOADED = "not_loaded"
+    """A router answered that the model is not loaded: a state of the model, not a failure of the server."""
     INTERNAL = "internal"
 
 

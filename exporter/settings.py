@@ -164,7 +164,10 @@ class Settings(BaseSettings):
     canary_interval: Duration = 60.0
     poll_timeout: Duration = 5.0
     canary_timeout: Duration = 30.0
-    canary_tokens: int = Field(default=48, ge=4, le=512)
+    canary_tokens: int = Field(default=8, ge=4, le=512)
+    """Tokens per canary on a model that does not speculate (per /slots): enough for a draft model to show fill-ins."""
+    canary_tokens_speculating: int = Field(default=32, ge=4, le=512)
+    """Tokens per canary on a model that speculates, or may (/slots off): n-gram types draft only in longer answers."""
     canary_endpoints: list[Endpoint] = Field(default_factory=lambda: list(Endpoint))
     max_concurrency: int = Field(default=64, ge=1, le=10_000)
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)

@@ -49,6 +49,8 @@ class Evidence:
     speculation_slots: bool | None = None
     speculation_props: bool | None = None
     endpoints: Sequence[EndpointEvidence] = ()
+    model_status: str | None = None
+    """A router model's status when it is not loaded ("unloaded", "sleeping", ...): specwatch never loads one."""
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,16 @@ def _counts(tally: Tally) -> str:
 
 
 def decide(evidence: Evidence) -> Decision:
-    """The verdict, by precedence: cannot poll, fill-ins seen, an endpoint unchecked, speculating unproven, clean.
+    """The verdict, by precedence: not loaded or cannot poll, fill-ins seen, an endpoint unchecked, unproven, clean.
 
     Fill-ins outrank a failing endpoint: they are proof, whatever the other endpoints do. Nothing is clean
     unless every endpoint asked was checked.
     """
+    if evidence.model_status not in (None, "loaded"):
+        return Decision(
+            Verdict.UNCHECKED,
+            f"the model is {evidence.model_status}, not loaded: specwatch never loads a model to check it",
+        )
     if evidence.poll_failure is not None:
         return Decision(Verdict.UNCHECKED, f"could not poll the server: {evidence.poll_failure}")
     checked = [e for e in evidence.endpoints if e.tally is not None]

@@ -63,10 +63,12 @@ def test_no_sample_carries_a_timestamp() -> None:
 
 def test_endpoint_serves_metrics_landing_page_and_health() -> None:
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
-    from exporter.daemon.web import ServerLink
+    from exporter.daemon import landing
+    from exporter.verdict import Verdict
 
     reloads = []
-    app = WebApp(exposition.render, servers=lambda: [ServerLink("a<b>", "http://h:1")], reload=lambda: reloads.append(1) or None)
+    row = landing.Row(server="a<b>", url="http://h:1", verdict=Verdict.UNCHECKED, summary="not polled yet", poll="not polled")
+    app = WebApp(exposition.render, page=lambda: landing.render([row]), reload=lambda: reloads.append(1) or None)
     host, port = app.start("127.0.0.1", 0)
     try:
         base = f"http://{host}:{port}"
@@ -88,7 +90,7 @@ def test_endpoint_serves_metrics_landing_page_and_health() -> None:
 def test_listens_on_ipv6_loopback() -> None:
     from exporter.daemon.web import parse_listen
 
-    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, servers=lambda: [], reload=lambda: None)
+    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, page=lambda: "", reload=lambda: None)
     host, port = app.start(*parse_listen("[::1]:0"))
     try:
         assert host == "::1" and httpx.get(f"http://[::1]:{port}/-/healthy").status_code == 200
@@ -99,7 +101,7 @@ def test_listens_on_ipv6_loopback() -> None:
 def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
     import socket
 
-    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, servers=lambda: [], reload=lambda: None,
+    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, page=lambda: "", reload=lambda: None,
                  client_timeout=0.5)
     host, port = app.start("127.0.0.1", 0)
     try:

@@ -72,9 +72,9 @@ async def test_a_thousand_servers_are_all_polled_within_one_interval(thousand_se
     assert FLEET <= polled <= 3 * FLEET, "each server is polled about once per interval, not hammered"
     for server in snapshot:
         speculating = server.config.labels["kind"] == "speculating"
-        assert server.poll is not None and server.poll.slots is not None
-        assert server.poll.slots.speculative is speculating
-        assert server.poll.props.speculative is False  # /props says "none" on every server, as real ones do
+        assert server.model().poll is not None and server.model().poll.slots is not None
+        assert server.model().poll.slots.speculative is speculating
+        assert server.model().poll.props.speculative is False  # /props says "none" on every server, as real ones do
     up = [s for family in text_string_to_metric_families(scrape) if family.name == "specwatch_up" for s in family.samples]
     assert len(up) == FLEET and all(s.value == 1 for s in up)
 
@@ -101,10 +101,10 @@ async def test_simulated_servers_answer_like_llama_server(monkeypatch) -> None:
     for sim in fleet.servers:
         state = watcher.fleet.get(sim.name)
         assert state is not None and state.poll_success, state
-        assert state.poll.slots.speculative is sim.speculative
-        assert state.serving_fill_ins is sim.speculative
+        assert state.model().poll.slots.speculative is sim.speculative
+        assert state.model().serving_fill_ins is sim.speculative
         for endpoint in Endpoint:
-            tally = state.canaries[endpoint].tally
+            tally = state.model().canaries[endpoint].tally
             assert tally is not None and tally.tokens == 16
             assert tally.fill_ins == (15 if sim.speculative else 0), (sim.name, endpoint)
     # Connections are reused: a server's poll and canary share few connections.

@@ -29,6 +29,7 @@ CHANGES: dict[str, tuple[Any, Callable[[Daemon], bool]]] = {
     "poll_timeout": ("2s", lambda d: d.watcher.settings.timeout_for(_server(d), canary=False) == 2.0),
     "canary_timeout": ("9s", lambda d: d.watcher.settings.timeout_for(_server(d), canary=True) == 9.0),
     "canary_tokens": (12, lambda d: d.watcher.settings.canary_tokens == 12),
+    "canary_tokens_speculating": (20, lambda d: d.watcher.settings.canary_tokens_speculating == 20),
     "canary_endpoints": (["chat"], lambda d: [e.value for e in d.watcher.settings.canary_endpoints] == ["chat"]
                          and all(s.endpoints == tuple(d.watcher.settings.canary_endpoints) for s in d.fleet.snapshot())),
     "max_concurrency": (3, lambda d: d.watcher.concurrency == 3),

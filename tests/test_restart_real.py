@@ -32,14 +32,14 @@ async def test_stop_and_restart_with_speculation_while_watched(tmp_path: Path) -
         await watcher.poll("target")
         await watcher.canary("target")
         state = watcher.fleet.get("target")
-        assert state.poll_success and state.poll.slots.speculative is False
-        assert state.serving_fill_ins is False
+        assert state.poll_success and state.model().poll.slots.speculative is False
+        assert state.model().serving_fill_ins is False
 
         plain.stop()
         await watcher.poll("target")
         await watcher.poll("neighbour")
         state = watcher.fleet.get("target")
-        assert (state.poll_success, state.poll, state.poll_failure_reason) == (False, None, Reason.CONNECTION_REFUSED)
+        assert (state.poll_success, state.model().poll, state.poll_failure_reason) == (False, None, Reason.CONNECTION_REFUSED)
         assert watcher.fleet.get("neighbour").poll_success is True
 
         # The operator brings it back on the same address, now with a draft model.
@@ -47,9 +47,9 @@ async def test_stop_and_restart_with_speculation_while_watched(tmp_path: Path) -
         await watcher.poll("target")
         await watcher.canary("target")
         state = watcher.fleet.get("target")
-        assert state.poll_success and state.poll.slots.speculative is True
-        assert state.serving_fill_ins is True
-        assert all(c.tally.fill_ins == c.tally.tokens - 1 for c in state.canaries.values())
+        assert state.poll_success and state.model().poll.slots.speculative is True
+        assert state.model().serving_fill_ins is True
+        assert all(c.tally.fill_ins == c.tally.tokens - 1 for c in state.model().canaries.values())
     finally:
         await client.aclose()
         for server in (plain, neighbour, restarted):

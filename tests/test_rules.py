@@ -31,7 +31,10 @@ from tests.fakes import FakeLlama
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
 ANNOTATIONS = ("summary", "description", "runbook_url")
 # Series about an exporter rather than a watched server: their alerts name the exporter, not a server.
-EXPORTER_LEVEL = frozenset({"up", "specwatch_config_last_reload_successful", "specwatch_build_info", "specwatch_servers"})
+EXPORTER_LEVEL = frozenset({"up", "specwatch_config_last_reload_successful", "specwatch_build_info", "specwatch_servers",
+                            "specwatch_configured_servers"})
+# Alerts about the whole fleet of a job: they aggregate servers away and name the job.
+FLEET_LEVEL = frozenset({"SpecwatchFleetUnwatched", "SpecwatchNoServers"})
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -87,13 +90,15 @@ def test_every_alert_has_a_name_severity_and_templated_annotations() -> None:
             assert annotations.get(key, "").strip(), f"{name} has no {key}"
         for key in ("summary", "description"):
             assert "{{ $labels." in annotations[key] or "{{ or $labels." in annotations[key], f"{name} {key} is not templated"
-        if metric_names(alert["expr"]) - EXPORTER_LEVEL:
+        if name in FLEET_LEVEL:
+            assert "$labels.job" in annotations["description"], f"{name} description does not name the job"
+        elif metric_names(alert["expr"]) - EXPORTER_LEVEL:
             assert "$labels.server" in annotations["description"], f"{name} description does not name the server"
 
 
-def test_only_the_fill_in_alert_pages() -> None:
+def test_only_fill_ins_and_an_unwatched_fleet_page() -> None:
     critical = [a["alert"] for a in alert_rules() if a["labels"]["severity"] == "critical"]
-    assert critical == ["SpecwatchServingFillInLogprobs"]
+    assert critical == ["SpecwatchServingFillInLogprobs", "SpecwatchFleetUnwatched"]
 
 
 def test_every_runbook_url_points_at_an_existing_section() -> None:

@@ -1,4 +1,4 @@
-"""Per-server jobs: run at once for a small fleet, spread over the interval for a large one, in step with reloads."""
+"""One job per server: run at once for a small fleet, spread over the interval for a large one, in step with reloads."""
 
 from __future__ import annotations
 
@@ -23,26 +23,26 @@ def _schedule(make_watcher, n: int, **kw: object) -> Schedule:
     return schedule
 
 
-def _offsets(schedule: Schedule, kind: str) -> list[float]:
+def _offsets(schedule: Schedule) -> list[float]:
     now = datetime.now(UTC)
-    return [(j.next_run_time - now).total_seconds() for j in schedule.scheduler.get_jobs() if j.id.startswith(kind)]
+    return [(j.next_run_time - now).total_seconds() for j in schedule.scheduler.get_jobs()]
 
 
 async def test_small_fleet_runs_at_once(make_watcher) -> None:
     schedule = _schedule(make_watcher, 3)
-    assert len(schedule.scheduler.get_jobs()) == 6
-    assert all(offset <= 0.5 for offset in _offsets(schedule, "poll") + _offsets(schedule, "canary"))
-    job = schedule.scheduler.get_job("canary:s1")
-    assert job.trigger.interval == timedelta(seconds=60) and job.max_instances == 1
+    assert len(schedule.scheduler.get_jobs()) == 3
+    assert all(offset <= 0.5 for offset in _offsets(schedule))
+    job = schedule.scheduler.get_job("watch:s1")
+    assert job.trigger.interval == timedelta(seconds=15) and job.func == schedule.watcher.tick
 
 
 async def test_large_fleet_is_spread_over_the_interval(make_watcher) -> None:
     schedule = _schedule(make_watcher, 400, max_concurrency=16)
-    canary = sorted(_offsets(schedule, "canary"))
-    assert canary[0] < 5 and canary[-1] > 55 and canary[-1] <= 60
-    # No second of the canary interval holds more than a small share of the fleet.
-    per_second = [sum(1 for o in canary if s <= o < s + 1) for s in range(60)]
-    assert max(per_second) <= 20
+    offsets = sorted(_offsets(schedule))
+    assert offsets[0] < 1 and offsets[-1] > 14 and offsets[-1] <= 15
+    # No second of the poll interval holds more than a small share of the fleet.
+    per_second = [sum(1 for o in offsets if s <= o < s + 1) for s in range(15)]
+    assert max(per_second) <= 45
 
 
 async def test_reload_adds_removes_and_retimes_jobs(make_watcher) -> None:
@@ -51,5 +51,5 @@ async def test_reload_adds_removes_and_retimes_jobs(make_watcher) -> None:
     schedule.watcher.apply(settings, list(settings.servers))
     schedule.sync(list(settings.servers))
     ids = sorted(j.id for j in schedule.scheduler.get_jobs())
-    assert ids == ["canary:new", "canary:s0", "canary:s1", "poll:new", "poll:s0", "poll:s1"]
-    assert schedule.scheduler.get_job("poll:s0").trigger.interval == timedelta(seconds=30)
+    assert ids == ["watch:new", "watch:s0", "watch:s1"]
+    assert schedule.scheduler.get_job("watch:s0").trigger.interval == timedelta(seconds=30)

@@ -93,7 +93,7 @@ async def test_a_failed_canary_keeps_the_cached_verdict_and_its_age(make_watcher
     assert value(s, "specwatch_canary_success", server="a", endpoint="chat") == 0
     assert value(s, "specwatch_canary_placeholder_ratio", server="a", endpoint="chat") == 1.0
     assert value(s, "specwatch_canary_last_success_timestamp_seconds", server="a", endpoint="chat") == 1_700_000_000.0
-    assert watcher.fleet.get("a").canaries["chat"].failure_reason is Reason.UNAUTHORIZED
+    assert watcher.fleet.get("a").model().canaries["chat"].failure_reason is Reason.UNAUTHORIZED
 
 
 async def test_a_canary_in_flight_is_not_started_again(make_watcher) -> None:

@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from exporter import __version__
-from exporter.daemon.state import Fleet, ServerState
+from exporter.daemon.state import Fleet, ModelState, ServerState
 from exporter.settings import ServerConfig
 from exporter.verdict import Verdict
 
@@ -24,6 +24,8 @@ class ExporterStatus:
     canary_interval: float
     reload_successful: bool = True
     last_reload_success_timestamp: float | None = None
+    configured_servers: int | None = None
+    """Servers in the config, static and discovered, before sharding; None: the ones watched."""
 
 
 def _seconds(value: float) -> str:
@@ -65,8 +67,9 @@ class _ServerLabels:
         return found
 
 
-_MEMO_LIMIT = 64
+_MEMO_LIMIT = 1024
 _NO_EXTRA: Extra = ()
+OUTCOMES = ("success", "failure")
 _VERDICT_LABELS: dict[Verdict, Extra] = {state: (("verdict", state.value),) for state in Verdict}
 
 
@@ -160,7 +163,12 @@ def _server_families(status: ExporterStatus) -> list[_Family]:
         _Family("specwatch_server_info", "gauge", f"Build and model the server reports; always 1. {polled}"),
         _Family("specwatch_poll_duration_seconds", "gauge", "Wall time of the last poll."),
         _Family("specwatch_last_poll_success_timestamp_seconds", "gauge", "Unix time of the last successful poll."),
+        _Family("specwatch_polls", "counter", "Polls of the server by outcome (success, failure); both from the first poll."),
         _Family("specwatch_poll_failures", "counter", "Failed polls by reason (a closed set; see the README)."),
+        _Family(
+            "specwatch_model_loaded", "gauge",
+            f"Router models: 1 when the router reports the model loaded, 0 otherwise (never loaded by specwatch). {polled}",
+        ),
         _Family(
             "specwatch_canary_placeholder_ratio", "gauge",
             f"Share of the canary's tokens after the first that are fill-ins (placeholder logprobs). {cached}",
@@ -197,7 +205,13 @@ def _server_families(status: ExporterStatus) -> list[_Family]:
         _Family(
             "specwatch_canary_last_success_timestamp_seconds", "gauge", "Unix time of the last successful canary of the endpoint."
         ),
+        _Family("specwatch_canaries", "counter", "Canaries by outcome (success, failure); both from the first canary."),
         _Family("specwatch_canary_failures", "counter", "Failed canaries by endpoint and reason (a closed set; see the README)."),
+        _Family(
+            "specwatch_canary_requested_tokens", "counter",
+            "Tokens the canaries asked the server to generate: the price of watching it, in its own tokens.",
+        ),
+        _Family("specwatch_canary_generated_tokens", "counter", "Tokens in the answers of successful canaries."),
     ]
 
 
@@ -207,7 +221,11 @@ def _exporter_samples(out: Out, status: ExporterStatus, servers: int) -> list[_F
         _Family("specwatch_build_info", "gauge", "specwatch's version; always 1."),
         _Family("specwatch_poll_interval_seconds", "gauge", "The configured poll_interval."),
         _Family("specwatch_canary_interval_seconds", "gauge", "The configured canary_interval; alerts scale staleness with it."),
-        _Family("specwatch_servers", "gauge", "Servers this exporter watches."),
+        _Family("specwatch_servers", "gauge", "Servers this exporter watches (its shard of the configured ones)."),
+        _Family(
+            "specwatch_configured_servers", "gauge",
+            "Servers in the configuration, static and discovered, before sharding: what all replicas together watch.",
+        ),
         _Family(
             "specwatch_config_last_reload_successful", "gauge", "1 when the last configuration load or reload succeeded, else 0."
         ),
@@ -224,6 +242,8 @@ def _exporter_samples(out: Out, status: ExporterStatus, servers: int) -> list[_F
     out.add("specwatch_poll_interval_seconds", None, _NO_EXTRA, status.poll_interval)
     out.add("specwatch_canary_interval_seconds", None, _NO_EXTRA, status.canary_interval)
     out.add("specwatch_servers", None, _NO_EXTRA, servers)
+    out.add("specwatch_configured_servers", None, _NO_EXTRA,
+            servers if status.configured_servers is None else status.configured_servers)
     out.add("specwatch_config_last_reload_successful", None, _NO_EXTRA, 1 if status.reload_successful else 0)
     if status.last_reload_success_timestamp is not None:
         out.add("specwatch_config_last_reload_success_timestamp_seconds", None, _NO_EXTRA, status.last_reload_success_timestamp)
@@ -238,50 +258,72 @@ def _poll_timing_samples(out: Out, server: ServerState, labels: _ServerLabels) -
         out.add("specwatch_last_poll_success_timestamp_seconds", labels, _NO_EXTRA, server.last_poll_success_timestamp)
 
 
+def _model_extra(key: str) -> Extra:
+    """The model label of a model's series: absent for a server watched without a `model:`."""
+    return (("model", key),) if key else _NO_EXTRA
+
+
 def _poll_answer_samples(out: Out, server: ServerState, labels: _ServerLabels) -> None:
+    for outcome in OUTCOMES:
+        out.add("specwatch_polls", labels, (("outcome", outcome),), server.poll_outcomes.get(outcome, 0))
     for reason, count in sorted(server.poll_failures.items()):
         out.add("specwatch_poll_failures", labels, (("reason", reason.value),), count)
-    poll = server.poll
-    if poll is not None:
+    for key, model in server.models.items():
+        extra = _model_extra(key)
+        if server.router:
+            out.add("specwatch_model_loaded", labels, extra, int(model.loaded))
+        poll = model.poll
+        if poll is None:
+            continue
         props_on = poll.props.speculative
         slots_on = poll.slots.speculative if poll.slots is not None else None
         if slots_on is not None:
-            out.add("specwatch_speculation_enabled", labels, (("source", "slots"),), int(slots_on))
+            out.add("specwatch_speculation_enabled", labels, (*extra, ("source", "slots")), int(slots_on))
         if props_on is not None:
-            out.add("specwatch_speculation_enabled", labels, (("source", "props"),), int(props_on))
+            out.add("specwatch_speculation_enabled", labels, (*extra, ("source", "props")), int(props_on))
         if slots_on is not None and props_on is not None:
-            out.add("specwatch_speculation_contradiction", labels, _NO_EXTRA, int(slots_on and not props_on))
+            out.add("specwatch_speculation_contradiction", labels, extra, int(slots_on and not props_on))
         slots = poll.props.total_slots if poll.props.total_slots is not None else (poll.slots.count if poll.slots else None)
         if slots is not None:
-            out.add("specwatch_slots", labels, _NO_EXTRA, slots)
-        out.add("specwatch_server_info", labels, (("build", poll.props.build), ("model", poll.props.model)), 1)
+            out.add("specwatch_slots", labels, extra, slots)
+        # A model's series name it already; a server's one model is named by what it reports.
+        out.add("specwatch_server_info", labels, (("build", poll.props.build), *(extra or (("model", poll.props.model),))), 1)
 
 
 def _canary_samples(out: Out, server: ServerState, labels: _ServerLabels) -> None:
-    for endpoint, canary in sorted(server.canaries.items()):
-        extra = (("endpoint", endpoint.value),)
-        out.add("specwatch_canary_success", labels, extra, int(canary.success))
-        out.add("specwatch_canary_duration_seconds", labels, extra, canary.duration_seconds)
+    for key, model in server.models.items():
+        _model_canary_samples(out, model, labels, _model_extra(key))
+
+
+def _model_canary_samples(out: Out, model: ModelState, labels: _ServerLabels, extra: Extra) -> None:
+    for endpoint, canary in sorted(model.canaries.items()):
+        where = (("endpoint", endpoint.value), *extra)
+        out.add("specwatch_canary_success", labels, where, int(canary.success))
+        out.add("specwatch_canary_duration_seconds", labels, where, canary.duration_seconds)
         if canary.last_success_timestamp is not None:
-            out.add("specwatch_canary_last_success_timestamp_seconds", labels, extra, canary.last_success_timestamp)
+            out.add("specwatch_canary_last_success_timestamp_seconds", labels, where, canary.last_success_timestamp)
         tally = canary.tally
         if tally is None:
             continue
-        out.add("specwatch_canary_placeholder_ratio", labels, extra, tally.fill_in_ratio)
-        out.add("specwatch_canary_tokens", labels, extra, tally.tokens)
-        out.add("specwatch_canary_placeholder_tokens", labels, extra, tally.fill_ins)
+        out.add("specwatch_canary_placeholder_ratio", labels, where, tally.fill_in_ratio)
+        out.add("specwatch_canary_tokens", labels, where, tally.tokens)
+        out.add("specwatch_canary_placeholder_tokens", labels, where, tally.fill_ins)
         if tally.mean_logprob is not None:
-            out.add("specwatch_canary_mean_logprob", labels, extra, tally.mean_logprob)
+            out.add("specwatch_canary_mean_logprob", labels, where, tally.mean_logprob)
         if tally.draft_n is not None:
-            out.add("specwatch_canary_draft_tokens", labels, extra, tally.draft_n)
-    for (endpoint, reason), count in sorted(server.canary_failures.items()):
-        out.add("specwatch_canary_failures", labels, (("endpoint", endpoint.value), ("reason", reason.value)), count)
-    serving = server.serving_fill_ins
+            out.add("specwatch_canary_draft_tokens", labels, where, tally.draft_n)
+    for outcome in OUTCOMES:
+        out.add("specwatch_canaries", labels, (*extra, ("outcome", outcome)), model.canary_outcomes.get(outcome, 0))
+    for (endpoint, reason), count in sorted(model.canary_failures.items()):
+        out.add("specwatch_canary_failures", labels, (("endpoint", endpoint.value), *extra, ("reason", reason.value)), count)
+    out.add("specwatch_canary_requested_tokens", labels, extra, model.canary_tokens.get("requested", 0))
+    out.add("specwatch_canary_generated_tokens", labels, extra, model.canary_tokens.get("generated", 0))
+    serving = model.serving_fill_ins
     if serving is not None:
-        out.add("specwatch_serving_placeholders", labels, _NO_EXTRA, int(serving))
-    verdict = server.decision.verdict
+        out.add("specwatch_serving_placeholders", labels, extra, int(serving))
+    verdict = model.decision.verdict
     for state in Verdict:
-        out.add("specwatch_verdict", labels, _VERDICT_LABELS[state], int(state is verdict))
+        out.add("specwatch_verdict", labels, (*extra, *_VERDICT_LABELS[state]), int(state is verdict))
 
 
 @dataclass(frozen=True)
@@ -336,6 +378,18 @@ class _PartCache:
 
     def __len__(self) -> int:
         return len(self._parts)
+
+
+def _answers_key(server: ServerState) -> tuple[object, ...]:
+    """What the poll-answer lines of a server depend on."""
+    return (server.config, server.router, server.poll_outcomes, server.poll_failures,
+            tuple((key, m.status, m.poll) for key, m in server.models.items()))
+
+
+def _canaries_key(server: ServerState) -> tuple[object, ...]:
+    """What the canary lines of a server depend on (the verdict also follows its polls)."""
+    return (server.config, tuple((key, m.canaries, m.canary_failures, m.canary_outcomes, m.canary_tokens, m.decision.verdict)
+                                 for key, m in server.models.items()))
 
 
 def _header(family: _Family) -> str:
@@ -394,10 +448,8 @@ class SpecwatchCollector(Collector):
             for server in servers:
                 labels = self._labels_for(server)
                 _poll_timing_samples(timing, server, labels)
-                answers.append(self._answers.text(server, labels, (server.config, server.poll, server.poll_failures), counters))
-                canaries.append(self._canaries.text(
-                    server, labels, (server.config, server.canaries, server.canary_failures, server.decision.verdict), counters
-                ))
+                answers.append(self._answers.text(server, labels, _answers_key(server), counters))
+                canaries.append(self._canaries.text(server, labels, _canaries_key(server), counters))
             self._forget_removed(servers)
             names = tuple(s.config.name for s in servers)
             timed = {name: "".join(lines).encode() for name, lines in timing.lines.items()}

@@ -12,12 +12,13 @@ from typing import Any
 import structlog
 
 from exporter import __version__
+from exporter.daemon import landing
 from exporter.daemon.collector import ExporterStatus, Exposition
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.shard import select
-from exporter.daemon.state import Fleet, ServerState
+from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
-from exporter.daemon.web import ServerLink, WebApp
+from exporter.daemon.web import WebApp
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import ConfigError, ServerConfig, Settings, load_settings, parse_shard
 
@@ -31,22 +32,6 @@ def watched_servers(settings: Settings, shard: str | None = None) -> list[Server
         return list(settings.servers)
     index, count = parse_shard(chosen)
     return select(settings.servers, lambda s: s.name, index, count)
-
-
-def landing_row(state: ServerState) -> ServerLink:
-    """How the landing page shows one server: plain words, no secrets."""
-    if state.poll_success is None:
-        poll = "not polled yet"
-    elif state.poll is None:
-        reason = state.poll_failure_reason.value if state.poll_failure_reason else "failed"
-        poll = f"down ({reason})"
-    else:
-        slots = state.poll.slots
-        speculation = "unknown (/slots off)" if slots is None else ("on" if slots.speculative else "off")
-        poll = f"up; speculation per /slots: {speculation}"
-    decision = state.decision
-    return ServerLink(state.config.name, state.config.url, poll=poll, verdict=decision.verdict.value,
-                      summary=decision.summary)
 
 
 class Daemon:
@@ -71,6 +56,7 @@ class Daemon:
             poll_interval=settings.poll_interval,
             canary_interval=settings.canary_interval,
             last_reload_success_timestamp=time.time(),
+            configured_servers=len(settings.servers),
         )
         self.exposition = Exposition(self.fleet, lambda: self.status)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -80,10 +66,14 @@ class Daemon:
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
             self.exposition.render,
-            servers=lambda: [landing_row(s) for s in self.fleet.snapshot()],
+            page=self.landing_page,
             reload=self.reload_from_thread,
             authorise=authorise,
         )
+
+    def landing_page(self) -> str:
+        now = time.time()
+        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now)])
 
     async def reload(self) -> str | None:
         """Load the config again; a bad one is refused and the running one stays. Returns the error, if any."""
@@ -103,6 +93,7 @@ class Daemon:
                 canary_interval=settings.canary_interval,
                 reload_successful=True,
                 last_reload_success_timestamp=time.time(),
+                configured_servers=len(settings.servers),
             )
             log.info("reloaded", servers=len(servers))
             return None
@@ -138,5 +129,6 @@ class Daemon:
         finally:
             log.info("stopping")
             self.schedule.shutdown()
+            await self.watcher.close()
             app.stop()
             await self.client.aclose()

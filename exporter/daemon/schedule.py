@@ -1,4 +1,4 @@
-"""Per-server poll and canary jobs on APScheduler, phase-spread so a large fleet is not probed in bursts."""
+"""One APScheduler job per watched server, phase-spread so a large fleet is not probed in bursts."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from exporter.daemon.shard import phase
 from exporter.daemon.watch import Watcher
 from exporter.settings import ServerConfig
 
-KINDS = ("poll", "canary")
 
-
-def _job_id(kind: str, name: str) -> str:
-    return f"{kind}:{name}"
+def _job_id(name: str) -> str:
+    return f"watch:{name}"
 
 
 class Schedule:
-    """Keeps one poll and one canary job per watched server, in step with the watcher's config."""
+    """Keeps one job per watched server, in step with the watcher's config.
+
+    The job polls every poll_interval and starts the canaries the poll makes due (see cadence.py), so a server that
+    restarts or changes gets its canary within one poll, and a server that is down gets none.
+    """
 
     def __init__(self, watcher: Watcher, scheduler: AsyncIOScheduler | None = None) -> None:
         self.watcher = watcher
@@ -34,31 +36,31 @@ class Schedule:
             self.scheduler.shutdown(wait=False)
 
     def sync(self, servers: list[ServerConfig]) -> None:
-        """Add jobs for new servers, drop those of removed ones, re-time all when intervals changed."""
+        """Add jobs for new servers, drop those of removed ones, re-time all when the interval changed."""
         settings = self.watcher.settings
-        intervals = {"poll": settings.poll_interval, "canary": settings.canary_interval}
+        interval = settings.poll_interval
         # A small fleet is probed at once; a fleet larger than the concurrency limit is spread over
         # the interval so requests never queue behind each other.
         spread = len(servers) > settings.max_concurrency
-        wanted = {_job_id(kind, s.name): (kind, s.name) for s in servers for kind in KINDS}
+        wanted = {_job_id(s.name): s.name for s in servers}
         for job in self.scheduler.get_jobs():
             if job.id not in wanted:
                 job.remove()
         now = datetime.now(UTC)
-        for job_id, (kind, name) in wanted.items():
-            interval = intervals[kind]
+        for job_id, name in wanted.items():
             existing = self.scheduler.get_job(job_id)
             if existing is not None and existing.trigger.interval == timedelta(seconds=interval):
                 continue
-            offset = phase(name, kind) * interval if spread else 0.0
+            offset = phase(name, "poll") * interval if spread else 0.0
             self.scheduler.add_job(
-                getattr(self.watcher, kind),
+                self.watcher.tick,
                 IntervalTrigger(seconds=interval, start_date=now + timedelta(seconds=offset), timezone=UTC),
                 args=[name],
                 id=job_id,
                 name=job_id,
                 replace_existing=True,
-                max_instances=1,
+                # The watcher skips (and logs once) a poll whose previous one still runs; APScheduler need not warn.
+                max_instances=2,
                 coalesce=True,
                 misfire_grace_time=max(1, int(interval)),
                 next_run_time=now + timedelta(seconds=offset),

@@ -1,4 +1,4 @@
-"""What specwatch knows about each server, as immutable snapshots that a scrape reads without locks."""
+"""What specwatch knows about each server and each model it serves, as immutable snapshots that scrapes read without locks."""
 
 from __future__ import annotations
 
@@ -8,15 +8,22 @@ from functools import cached_property
 from types import MappingProxyType
 
 from exporter.probe.canary import Endpoint, Tally
-from exporter.probe.probes import PollResult
+from exporter.probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
 from exporter.reasons import Reason
 from exporter.settings import ServerConfig
 from exporter.verdict import Decision, EndpointEvidence, Evidence, decide
+
+UNKNOWN = "unknown"
+"""A model's status before any poll told it."""
+LOADED = "loaded"
+_EMPTY: Mapping = MappingProxyType({})
 
 
 @dataclass(frozen=True)
 class CanaryState:
     duration_seconds: float
+    attempted_at: float
+    """Unix time the last canary of this endpoint started."""
     tally: Tally | None = None
     """The last successful canary's tally: cached until the next success."""
     last_success_timestamp: float | None = None
@@ -29,27 +36,49 @@ class CanaryState:
         return self.failure_reason is None
 
 
+def fingerprint(result: PollResult) -> tuple[object, ...]:
+    """What identifies a running model: a restart with another build, model, slots, context or speculation changes it."""
+    props, slots = result.props, result.slots
+    return (props.build, props.model, props.total_slots, props.n_ctx, props.speculation_types,
+            None if slots is None else (slots.count, slots.speculative))
+
+
 @dataclass(frozen=True)
-class ServerState:
-    config: ServerConfig
-    endpoints: tuple[Endpoint, ...] = ()
-    """The endpoints the canary asks: a verdict needs every one of them."""
+class ModelState:
+    """One watched model: the one model of a server, or one model a router lists."""
+
+    model: str
+    """The router's model id or the configured `model:`; PLAIN for a server watched without one."""
+    endpoints: tuple[Endpoint, ...]
+    status: str = UNKNOWN
     poll: PollResult | None = None
-    """The last poll's answer; None when the last poll failed or none has run."""
-    poll_failure_reason: Reason | None = None
-    poll_failure_detail: str = ""
-    poll_duration_seconds: float | None = None
-    last_poll_success_timestamp: float | None = None
-    poll_failures: Mapping[Reason, int] = field(default_factory=lambda: MappingProxyType({}))
-    canaries: Mapping[Endpoint, CanaryState] = field(default_factory=lambda: MappingProxyType({}))
-    canary_failures: Mapping[tuple[Endpoint, Reason], int] = field(default_factory=lambda: MappingProxyType({}))
+    """This model's last /props and /slots; None when the last poll failed, found it not loaded, or none ran."""
+    poll_failure: str | None = None
+    """Why the last poll of it (or of its server) failed, as "reason: detail"."""
+    seen: tuple[object, ...] | None = None
+    """The fingerprint of the last good poll, kept through failures so a restart with the same setup is told apart."""
+    full_round_due: bool = True
+    """A canary of every endpoint is due: the model is new, changed, or came back."""
+    rotated_at: float | None = None
+    """Unix time the last canary round began (one endpoint in turn, or all of them)."""
+    canaries: Mapping[Endpoint, CanaryState] = field(default_factory=lambda: _EMPTY)
+    canary_failures: Mapping[tuple[Endpoint, Reason], int] = field(default_factory=lambda: _EMPTY)
+    canary_outcomes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    """Canaries that succeeded ("success") and failed ("failure")."""
+    canary_tokens: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    """Canary tokens "requested" (asked for) and "generated" (in the answers)."""
 
     @property
-    def poll_success(self) -> bool | None:
-        """True after a good poll, False after a failed one, None before the first."""
-        if self.poll is not None:
+    def loaded(self) -> bool:
+        return self.status == LOADED
+
+    @property
+    def suspect(self) -> bool:
+        """Speculation may be on: /slots or /props says so, or /slots is off and cannot say otherwise."""
+        if self.poll is None:
             return True
-        return False if self.poll_failure_reason is not None else None
+        slots = self.poll.slots
+        return slots is None or slots.speculative or bool(self.poll.props.speculative)
 
     @property
     def serving_fill_ins(self) -> bool | None:
@@ -59,32 +88,101 @@ class ServerState:
             return None
         return any(t.fill_ins > 0 for t in tallies)
 
-    @cached_property
-    def decision(self) -> Decision:
-        """The verdict on this server, from `exporter.verdict` like every other consumer's."""
+    @property
+    def last_canary_at(self) -> float | None:
+        return max((c.attempted_at for c in self.canaries.values()), default=None)
+
+    def evidence(self) -> Evidence:
+        if self.status not in (UNKNOWN, LOADED):
+            return Evidence(poll_failure=None, model_status=self.status)
         if self.poll is None:
-            reason = self.poll_failure_reason
-            return decide(Evidence(poll_failure=f"{reason}: {self.poll_failure_detail}" if reason else "not polled yet"))
-        evidence = []
+            return Evidence(poll_failure=self.poll_failure or "not polled yet")
+        endpoints = []
         for endpoint in self.endpoints:
             canary = self.canaries.get(endpoint)
             if canary is None:
-                evidence.append(EndpointEvidence(endpoint.value, None))
+                endpoints.append(EndpointEvidence(endpoint.value, None))
             else:
                 failure = None if canary.success else f"{canary.failure_reason}: {canary.failure_detail}"
-                evidence.append(EndpointEvidence(endpoint.value, canary.tally, failure))
-        return decide(Evidence(
+                endpoints.append(EndpointEvidence(endpoint.value, canary.tally, failure))
+        return Evidence(
             poll_failure=None,
             speculation_slots=self.poll.slots.speculative if self.poll.slots is not None else None,
             speculation_props=self.poll.props.speculative,
-            endpoints=evidence,
-        ))
+            endpoints=endpoints,
+        )
+
+    @cached_property
+    def decision(self) -> Decision:
+        """The verdict on this model, from `exporter.verdict` like every other consumer's."""
+        return decide(self.evidence())
+
+    def reconfigured(self, endpoints: tuple[Endpoint, ...]) -> ModelState:
+        """This model under a reloaded endpoint list: dropped endpoints vanish, added ones make a full round due."""
+        return replace(
+            self, endpoints=endpoints, canaries=MappingProxyType({e: c for e, c in self.canaries.items() if e in endpoints}),
+            full_round_due=self.full_round_due or bool(set(endpoints) - set(self.endpoints)),
+        )
+
+    def polled(self, found: ModelPoll) -> ModelState:
+        """This model after a poll of its server that answered."""
+        if not found.loaded:
+            return replace(self, status=found.status, poll=None, poll_failure=None)
+        if found.result is None:
+            failure = found.failure
+            return replace(self, status=found.status, poll=None, poll_failure=str(failure) if failure else "no answer")
+        now_seen = fingerprint(found.result)
+        changed = now_seen != self.seen
+        came_back = self.poll is None
+        return replace(
+            self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen,
+            full_round_due=self.full_round_due or changed or came_back,
+            # Verdicts of what ran before a change say nothing about what runs now.
+            canaries=_EMPTY if changed and self.seen is not None else self.canaries,
+        )
 
 
-def _bumped(counts: Mapping, key: object) -> Mapping:
+@dataclass(frozen=True)
+class ServerState:
+    config: ServerConfig
+    endpoints: tuple[Endpoint, ...] = ()
+    """The endpoints the canary asks: a verdict needs every one of them."""
+    router: bool | None = None
+    """Whether the server is a router (it lists models); None before a poll said."""
+    poll_failure_reason: Reason | None = None
+    poll_failure_detail: str = ""
+    poll_duration_seconds: float | None = None
+    last_poll_success_timestamp: float | None = None
+    polled_ok: bool | None = None
+    """True after a good poll, False after a failed one, None before the first."""
+    poll_failures: Mapping[Reason, int] = field(default_factory=lambda: _EMPTY)
+    poll_outcomes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    models: Mapping[str, ModelState] = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def poll_success(self) -> bool | None:
+        return self.polled_ok
+
+    def model(self, key: str | None = None) -> ModelState | None:
+        """One watched model: by default the configured one, or the server's only model."""
+        return self.models.get(self.config.model or PLAIN if key is None else key)
+
+    def _blank(self, key: str) -> ModelState:
+        return ModelState(model=key, endpoints=self.endpoints)
+
+
+def _bumped(counts: Mapping, key: object, by: int = 1) -> Mapping:
     updated = dict(counts)
-    updated[key] = updated.get(key, 0) + 1
+    updated[key] = updated.get(key, 0) + by
     return MappingProxyType(updated)
+
+
+def _fresh(config: ServerConfig, endpoints: tuple[Endpoint, ...]) -> ServerState:
+    key = config.model or PLAIN
+    return ServerState(config=config, endpoints=endpoints, models=MappingProxyType({key: ModelState(key, endpoints)}))
+
+
+Change = tuple[ServerState, ServerState]
 
 
 class Fleet:
@@ -95,7 +193,7 @@ class Fleet:
 
     def __init__(self, servers: Iterable[ServerConfig] = (), endpoints: Iterable[Endpoint] = ()) -> None:
         wanted = tuple(endpoints)
-        self._servers: dict[str, ServerState] = {s.name: ServerState(config=s, endpoints=wanted) for s in servers}
+        self._servers: dict[str, ServerState] = {s.name: _fresh(s, wanted) for s in servers}
 
     def snapshot(self) -> list[ServerState]:
         return list(self._servers.values())
@@ -110,13 +208,13 @@ class Fleet:
         for server in servers:
             old = current.get(server.name)
             if old is not None and old.config.url == server.url and old.config.model == server.model:
-                canaries = MappingProxyType({e: c for e, c in old.canaries.items() if e in wanted})
-                updated[server.name] = replace(old, config=server, endpoints=wanted, canaries=canaries)
+                models = {key: m.reconfigured(wanted) for key, m in old.models.items()}
+                updated[server.name] = replace(old, config=server, endpoints=wanted, models=MappingProxyType(models))
             else:
-                updated[server.name] = ServerState(config=server, endpoints=wanted)
+                updated[server.name] = _fresh(server, wanted)
         self._servers = updated
 
-    def _update(self, name: str, **changes: object) -> tuple[ServerState, ServerState] | None:
+    def _update(self, name: str, **changes: object) -> Change | None:
         """(old, new) state of `name` after `changes`; None when a reload removed it while its probe was in flight."""
         old = self._servers.get(name)
         if old is None:
@@ -126,41 +224,74 @@ class Fleet:
         return old, new
 
     def record_poll(
-        self, name: str, *, result: PollResult | None, reason: Reason | None, detail: str = "", duration: float, now: float
-    ) -> tuple[ServerState, ServerState] | None:
+        self, name: str, *, result: ServerPoll | None, reason: Reason | None, detail: str = "", duration: float, now: float
+    ) -> Change | None:
         old = self._servers.get(name)
         if old is None:
             return None
-        if reason is None:
+        if result is None or reason is not None:
+            failure = f"{reason}: {detail}"
+            # The server did not answer, so no model's status is known any more.
+            models = {key: replace(m, status=UNKNOWN, poll=None, poll_failure=failure) for key, m in old.models.items()}
             return self._update(
-                name, poll=result, poll_failure_reason=None, poll_failure_detail="", poll_duration_seconds=duration,
-                last_poll_success_timestamp=now,
+                name, polled_ok=False, poll_failure_reason=reason, poll_failure_detail=detail, poll_duration_seconds=duration,
+                poll_failures=_bumped(old.poll_failures, reason), poll_outcomes=_bumped(old.poll_outcomes, "failure"),
+                models=MappingProxyType(models),
             )
+        # A router's listing decides which models exist; models it no longer lists vanish with their series.
+        models = {key: old.models.get(key, old._blank(key)).polled(found) for key, found in result.models.items()}
         return self._update(
-            name, poll=None, poll_failure_reason=reason, poll_failure_detail=detail, poll_duration_seconds=duration,
-            poll_failures=_bumped(old.poll_failures, reason),
+            name, router=result.router, polled_ok=True, poll_failure_reason=None, poll_failure_detail="",
+            poll_duration_seconds=duration, last_poll_success_timestamp=now,
+            poll_outcomes=_bumped(old.poll_outcomes, "success"), models=MappingProxyType(models),
         )
 
-    def record_canary(
-        self, name: str, endpoint: Endpoint, *, tally: Tally | None, reason: Reason | None, detail: str = "",
-        duration: float, now: float,
-    ) -> tuple[ServerState, ServerState] | None:
+    def _update_model(self, name: str, key: str, change: dict[str, object]) -> Change | None:
         old = self._servers.get(name)
-        if old is None:
+        model = old.models.get(key) if old is not None else None
+        if old is None or model is None:
             return None
-        previous = old.canaries.get(endpoint)
+        return self._update(name, models=MappingProxyType({**old.models, key: replace(model, **change)}))
+
+    def start_round(self, name: str, key: str, *, full: bool, now: float) -> Change | None:
+        """A canary round began: the next one is due a canary_interval from now; a full one is no longer due."""
+        change: dict[str, object] = {"rotated_at": now}
+        if full:
+            change["full_round_due"] = False
+        return self._update_model(name, key, change)
+
+    def record_unloaded(self, name: str, key: str) -> Change | None:
+        """A router said the model is not loaded after all (it was unloaded since the poll)."""
+        return self._update_model(name, key, {"status": "unloaded", "poll": None, "poll_failure": None})
+
+    def record_canary(
+        self, name: str, key: str, endpoint: Endpoint, *, tally: Tally | None, reason: Reason | None, detail: str = "",
+        duration: float, now: float, requested: int = 0,
+    ) -> Change | None:
+        old = self._servers.get(name)
+        model = old.models.get(key) if old is not None else None
+        if model is None:
+            return None
+        previous = model.canaries.get(endpoint)
+        tokens = _bumped(model.canary_tokens, "requested", requested)
         if reason is None:
-            state = CanaryState(duration_seconds=duration, tally=tally, last_success_timestamp=now)
-            failures = old.canary_failures
+            state = CanaryState(duration_seconds=duration, attempted_at=now - duration, tally=tally,
+                                last_success_timestamp=now)
+            failures = model.canary_failures
+            outcomes = _bumped(model.canary_outcomes, "success")
+            tokens = _bumped(tokens, "generated", tally.tokens if tally is not None else 0)
         else:
             state = CanaryState(
                 duration_seconds=duration,
+                attempted_at=now - duration,
                 tally=previous.tally if previous else None,
                 last_success_timestamp=previous.last_success_timestamp if previous else None,
                 failure_reason=reason,
                 failure_detail=detail,
             )
-            failures = _bumped(old.canary_failures, (endpoint, reason))
-        canaries = dict(old.canaries)
-        canaries[endpoint] = state
-        return self._update(name, canaries=MappingProxyType(canaries), canary_failures=failures)
+            failures = _bumped(model.canary_failures, (endpoint, reason))
+            outcomes = _bumped(model.canary_outcomes, "failure")
+        return self._update_model(name, key, {
+            "canaries": MappingProxyType({**model.canaries, endpoint: state}), "canary_failures": failures,
+            "canary_outcomes": outcomes, "canary_tokens": tokens,
+        })

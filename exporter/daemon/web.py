@@ -1,31 +1,18 @@
-"""The exporter's own HTTP endpoint: /metrics, a landing page, health and reload."""
+"""The exporter's own HTTP endpoint: /metrics, the landing page, health and reload."""
 
 from __future__ import annotations
 
-import html
 import socket
 import ssl
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from exporter import __version__
 
 DEFAULT_PORT = 9824
-
-
-@dataclass(frozen=True)
-class ServerLink:
-    """One row of the landing page."""
-
-    name: str
-    url: str
-    poll: str = "not polled yet"
-    verdict: str = "unchecked"
-    summary: str = "not polled yet"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -69,7 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._send(200, body, content_type)
         elif path == "/":
-            self._send(200, app.landing_page().encode(), "text/html; charset=utf-8")
+            self._send(200, app.page().encode(), "text/html; charset=utf-8")
         elif path == "/-/healthy":
             self._send(200, b"OK\n")
         elif path == "/-/ready":
@@ -118,7 +105,7 @@ class WebApp:
         self,
         metrics: Callable[[str | None], tuple[bytes, str]],
         *,
-        servers: Callable[[], list[ServerLink]],
+        page: Callable[[], str],
         reload: Callable[[], str | None],
         ready: Callable[[], bool] = lambda: True,
         authorise: Callable[[str | None], bool] | None = None,
@@ -126,45 +113,14 @@ class WebApp:
     ) -> None:
         self.metrics = metrics
         """(body, content type) of a scrape, given its Accept header."""
-        self.servers = servers
+        self.page = page
+        """The landing page's HTML."""
         self.reload = reload
         self.ready = ready
         self.authorise = authorise
         # A client that stalls (mid-request or mid-TLS-handshake) gives up its thread after this long.
         self.client_timeout = client_timeout
         self._httpd: _WebServer | None = None
-
-    def landing_page(self) -> str:
-        rows = "\n".join(
-            f'<tr class="{html.escape(s.verdict)}"><td>{html.escape(s.name)}</td><td><code>{html.escape(s.url)}</code></td>'
-            f"<td>{html.escape(s.poll)}</td><td>{html.escape(s.verdict)}</td><td>{html.escape(s.summary)}</td></tr>"
-            for s in self.servers()
-        )
-        return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>specwatch</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; }}
-td, th {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
-tr.fill_ins td {{ background: #fde2e1; }}
-tr.unproven td, tr.unchecked td {{ background: #fff4d6; }}
-</style></head>
-<body>
-<h1>specwatch {html.escape(__version__)}</h1>
-<p>Watches llama-server instances for fill-in logprobs served under speculative decoding.</p>
-<ul>
-<li><a href="metrics">Metrics</a></li>
-<li><a href="-/healthy">Health</a></li>
-</ul>
-<h2>Watched servers</h2>
-<table id="servers">
-<thead><tr><th>server</th><th>url</th><th>last poll</th><th>verdict</th><th>why</th></tr></thead>
-<tbody>
-{rows or '<tr><td colspan="5">none</td></tr>'}
-</tbody>
-</table>
-</body></html>
-"""
 
     def start(self, host: str, port: int, wrap_socket: Callable | None = None) -> tuple[str, int]:
         handler = type("_Handler", (_Handler,), {"timeout": self.client_timeout})

@@ -214,6 +214,19 @@ def _check_deadline(deadline: float, timeout: float) -> None:
         raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s")
 
 
+NOT_LOADED_MESSAGE = b"model is not loaded"
+
+
+async def _says_not_loaded(response: httpx.Response) -> bool:
+    """Whether a 400 is a router's "model is not loaded" (asked with autoload=false): a state, not an error."""
+    head = b""
+    async for chunk in response.aiter_bytes():
+        head += chunk
+        if len(head) > 4096:
+            break
+    return NOT_LOADED_MESSAGE in head
+
+
 class Fetcher:
     """Requests to one fleet through one shared client."""
 
@@ -234,6 +247,8 @@ class Fetcher:
                 if reason is not None:
                     where = response.headers.get("location", "")
                     extra = f" to {where[:100]!r}" if reason is Reason.REDIRECT and where else ""
+                    if response.status_code == 400 and await _says_not_loaded(response):
+                        reason = Reason.NOT_LOADED
                     raise ProbeFailure(reason, f"HTTP {response.status_code}{extra}")
                 yield response
         except httpx.TransportError as err:

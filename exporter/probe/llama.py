@@ -1,4 +1,4 @@
-"""Parsers for llama-server's /props and /slots answers, strict about the fields specwatch reads."""
+"""Parsers for llama-server's /props, /slots and /models answers, strict about the fields specwatch reads."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ MAX_SLOTS = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+ROUTER_ROLE = "router"
+MAX_MODELS = 4096
+
+
 @dataclass(frozen=True)
 class Props:
     speculation_types: str | None
@@ -23,6 +27,13 @@ class Props:
     total_slots: int | None
     model: str
     build: str
+    n_ctx: int | None = None
+    role: str | None = None
+    """"router" for a llama-server started with --models-preset/--models-dir; absent on a server that runs a model."""
+
+    @property
+    def router(self) -> bool:
+        return self.role == ROUTER_ROLE
 
     @property
     def speculative(self) -> bool | None:
@@ -36,6 +47,19 @@ class Slots:
     count: int
     speculative: bool
     """True when any slot reports `speculative: true`: the slots are what actually decode."""
+
+
+@dataclass(frozen=True)
+class RouterModel:
+    """One model a router lists in /models: its id and status ("loaded", "loading", "unloaded", "sleeping", ...)."""
+
+    id: str
+    status: str
+
+    @property
+    def loaded(self) -> bool:
+        # Only a loaded model is probed: a request to any other would load or wake it.
+        return self.status == "loaded"
 
 
 def _shape_error(what: str) -> ProbeFailure:
@@ -56,23 +80,33 @@ def label_safe(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text[:MAX_LABEL_CHARS])
 
 
+def _count(value: Any, where: str, limit: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise _shape_error(f"{where} is not an integer from 0 to {limit}")
+    return value
+
+
 def parse_props(data: Any) -> Props:
     if not isinstance(data, dict):
         raise _shape_error(f"/props is a JSON {type(data).__name__}, not an object")
+    role = data.get("role")
+    if role is not None and not isinstance(role, str):
+        raise _shape_error("/props role is not a string")
     settings = data.get("default_generation_settings")
     if not isinstance(settings, dict):
         raise _shape_error("/props has no default_generation_settings object")
     params = settings.get("params", {})
+    if params is None and role == ROUTER_ROLE:
+        params = {}  # a router runs no model itself: it has no generation settings
     if not isinstance(params, dict):
         raise _shape_error("/props default_generation_settings.params is not an object")
     types = params.get("speculative.types")
     if types is not None and not isinstance(types, str):
         raise _shape_error("/props speculative.types is not a string")
-    total_slots = data.get("total_slots")
-    if total_slots is not None and (
-        isinstance(total_slots, bool) or not isinstance(total_slots, int) or not 0 <= total_slots <= MAX_SLOTS
-    ):
-        raise _shape_error(f"/props total_slots is not an integer from 0 to {MAX_SLOTS}")
+    total_slots = _count(data.get("total_slots"), "/props total_slots", MAX_SLOTS)
+    n_ctx = _count(settings.get("n_ctx"), "/props default_generation_settings.n_ctx", 1 << 40)
     alias = _optional_str(data, "model_alias")
     path = _optional_str(data, "model_path")
     return Props(
@@ -80,21 +114,25 @@ def parse_props(data: Any) -> Props:
         total_slots=total_slots,
         model=label_safe(alias or (PurePath(path).name if path else "")),
         build=label_safe(_optional_str(data, "build_info")),
+        n_ctx=n_ctx,
+        role=label_safe(role) if role is not None else None,
     )
+
+
+def names_of(*reported: str) -> set[str]:
+    """Every name a model goes by, given what a server reports: each value, its file name and file stem."""
+    names = set()
+    for value in reported:
+        if value:
+            names.update((value, PurePath(value).name, PurePath(value).stem))
+    return names
 
 
 def model_names(data: Any) -> set[str]:
     """Every name a /props answer goes by: alias, file name and file stem."""
     if not isinstance(data, dict):
         return set()
-    names = set()
-    for key in ("model_alias", "model_path"):
-        value = data.get(key)
-        if isinstance(value, str) and value:
-            names.add(value)
-            names.add(PurePath(value).name)
-            names.add(PurePath(value).stem)
-    return names
+    return names_of(*(v for v in (data.get("model_alias"), data.get("model_path")) if isinstance(v, str)))
 
 
 def parse_slots(data: Any) -> Slots:
@@ -109,3 +147,26 @@ def parse_slots(data: Any) -> Slots:
             raise _shape_error(f"/slots[{index}].speculative is missing or not a boolean")
         speculative = speculative or flag
     return Slots(count=len(data), speculative=speculative)
+
+
+def parse_models(data: Any) -> list[RouterModel]:
+    """A router's /models (or /v1/models) listing: every model's id and status."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise _shape_error("/models has no data list")
+    if len(entries) > MAX_MODELS:
+        raise _shape_error(f"/models lists more than {MAX_MODELS} models")
+    models: dict[str, RouterModel] = {}
+    for index, entry in enumerate(entries):
+        where = f"/models data[{index}]"
+        if not isinstance(entry, dict):
+            raise _shape_error(f"{where} is not an object")
+        model_id = entry.get("id")
+        if not isinstance(model_id, str) or not model_id or len(model_id) > MAX_LABEL_CHARS or _SURROGATE.search(model_id):
+            raise _shape_error(f"{where}.id is not a usable model name")
+        status = entry.get("status")
+        value = status.get("value") if isinstance(status, dict) else status
+        if not isinstance(value, str):
+            raise _shape_error(f"{where}.status.value is not a string")
+        models[model_id] = RouterModel(model_id, label_safe(value)[:32])
+    return list(models.values())

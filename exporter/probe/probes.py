@@ -1,10 +1,12 @@
-"""Probes of one llama-server: the poll (/health, /props, /slots) and the canary; they know no metrics."""
+"""Probes of one llama-server: the poll (/health, /props, /slots; a router's /models) and the canary; they know no metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol
 from urllib.parse import quote
 
@@ -12,8 +14,11 @@ from pydantic import SecretStr
 
 from exporter.probe.canary import TABLE, Endpoint, Tally, classify
 from exporter.probe.fetch import Fetcher
-from exporter.probe.llama import Props, Slots, model_names, parse_props, parse_slots
+from exporter.probe.llama import Props, RouterModel, Slots, model_names, names_of, parse_models, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason
+
+PLAIN = ""
+"""The key of the one model of a server watched without a `model:`: its series carry no model label."""
 
 
 class Target(Protocol):
@@ -29,9 +34,35 @@ class Target(Protocol):
 
 @dataclass(frozen=True)
 class PollResult:
+    """One model's /props and /slots."""
+
     props: Props
     slots: Slots | None
     """None when the server has /slots switched off: speculation is then unknown, not off."""
+
+
+@dataclass(frozen=True)
+class ModelPoll:
+    """What a poll found for one watched model: its status, and its answers when it is loaded."""
+
+    status: str
+    """"loaded" for a server that runs its model itself; the router's status value otherwise."""
+    result: PollResult | None = None
+    failure: ProbeFailure | None = None
+    """Why this model's /props or /slots failed while the server itself answered."""
+
+    @property
+    def loaded(self) -> bool:
+        return self.status == "loaded"
+
+
+@dataclass(frozen=True)
+class ServerPoll:
+    """One poll of a server: a router with the models it lists, or a server with its one model."""
+
+    router: bool
+    models: Mapping[str, ModelPoll]
+    """Keyed by model id (the router's, or the configured `model:`), or PLAIN."""
 
 
 REDACTED = "[REDACTED]"
@@ -50,65 +81,133 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def _key(target: Target) -> str | None:
+    return target.api_key.get_secret_value() if target.api_key is not None else None
+
+
+def _redacted(failure: ProbeFailure, key: str | None) -> ProbeFailure:
+    return ProbeFailure(failure.reason, redact(failure.detail, key))
+
+
 @contextmanager
-def _secret_free(server: Target) -> Iterator[None]:
+def _secret_free(target: Target) -> Iterator[None]:
     """Failures leave without the server's API key: a hostile server or proxy may echo it into any detail."""
-    key = server.api_key.get_secret_value() if server.api_key is not None else None
+    key = _key(target)
     try:
         yield
     except ProbeFailure as failure:
-        raise ProbeFailure(failure.reason, redact(failure.detail, key)) from None
+        raise _redacted(failure, key) from None
     except Exception as err:  # noqa: BLE001 - a surprise is reported like any failure, minus the key
         raise ProbeFailure(Reason.INTERNAL, redact(f"{err.__class__.__name__}: {str(err)[:200]}", key)) from None
 
 
-def auth_headers(server: Target) -> dict[str, str]:
-    key = server.api_key
+def auth_headers(target: Target) -> dict[str, str]:
+    key = target.api_key
     return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
 
 
-def _model_query(server: Target) -> str:
-    return f"?model={quote(server.model, safe='')}" if server.model else ""
+def _model_query(model: str) -> str:
+    # autoload=false: a router answers "model is not loaded" instead of loading it. A monitor never loads a model.
+    return f"?model={quote(model, safe='')}&autoload=false"
 
 
-async def poll(fetcher: Fetcher, server: Target, *, timeout: float) -> PollResult:
-    with _secret_free(server):
-        return await _poll(fetcher, server, timeout=timeout)
+async def poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPoll:
+    with _secret_free(target):
+        return await _poll(fetcher, target, timeout=timeout)
 
 
-async def canary(fetcher: Fetcher, server: Target, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
-    with _secret_free(server):
-        return await _canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout)
+async def canary(
+    fetcher: Fetcher, target: Target, endpoint: Endpoint, *, tokens: int, timeout: float, model: str | None = None
+) -> Tally:
+    """One canary on one endpoint; `model` names a router's model (or the configured one) and is never loaded."""
+    with _secret_free(target):
+        return await _canary(fetcher, target, endpoint, tokens=tokens, timeout=timeout, model=model or None)
 
 
-async def _poll(fetcher: Fetcher, server: Target, *, timeout: float) -> PollResult:
-    headers = auth_headers(server)
-    await fetcher.get_json(f"{server.url}/health", headers=headers, timeout=timeout)
-    raw_props = await fetcher.get_json(f"{server.url}/props{_model_query(server)}", headers=headers, timeout=timeout)
-    props = parse_props(raw_props)
-    if server.api_key is not None:
-        # model and build become labels; a server that echoes the key there must not put it on /metrics.
-        key = server.api_key.get_secret_value()
-        props = replace(props, model=redact(props.model, key), build=redact(props.build, key))
-    if server.model and server.model not in model_names(raw_props):
-        raise ProbeFailure(Reason.MODEL_MISMATCH, f"configured model {server.model!r}, server runs {props.model!r}")
+async def load(fetcher: Fetcher, target: Target, model: str, *, timeout: float) -> None:
+    """Ask a router to load `model` and wait until it lists it loaded: only an explicit `specwatch check --load` does."""
+    with _secret_free(target):
+        headers = auth_headers(target)
+        await fetcher.post_json(f"{target.url}/models/load", {"model": model}, headers=headers, timeout=timeout)
+        loop = asyncio.get_running_loop()
+        deadline, status = loop.time() + timeout, "unknown"
+        while loop.time() < deadline:
+            listing = parse_models(await fetcher.get_json(f"{target.url}/models", headers=headers, timeout=timeout))
+            status = next((m.status for m in listing if m.id == model), "not listed")
+            if status == "loaded":
+                return
+            await asyncio.sleep(0.2)
+        raise ProbeFailure(Reason.TIMEOUT, f"model {model!r} not loaded within {timeout:g}s (status {status})")
+
+
+def _labels_redacted(props: Props, key: str | None) -> Props:
+    # model and build become labels; a server that echoes the key there must not put it on /metrics.
+    return replace(props, model=redact(props.model, key), build=redact(props.build, key)) if key else props
+
+
+async def _slots(fetcher: Fetcher, url: str, headers: dict[str, str], timeout: float) -> Slots | None:
     try:
-        raw_slots = await fetcher.get_json(f"{server.url}/slots{_model_query(server)}", headers=headers, timeout=timeout)
+        return parse_slots(await fetcher.get_json(url, headers=headers, timeout=timeout))
     except ProbeFailure as failure:
         if failure.reason is Reason.NOT_SUPPORTED:
-            return PollResult(props=props, slots=None)
+            return None
         raise
-    return PollResult(props=props, slots=parse_slots(raw_slots))
 
 
-async def _canary(fetcher: Fetcher, server: Target, endpoint: Endpoint, *, tokens: int, timeout: float) -> Tally:
+async def _poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPoll:
+    headers = auth_headers(target)
+    await fetcher.get_json(f"{target.url}/health", headers=headers, timeout=timeout)
+    # No model in this query: a router answers for itself, and nothing gets loaded.
+    raw_props = await fetcher.get_json(f"{target.url}/props", headers=headers, timeout=timeout)
+    props = _labels_redacted(parse_props(raw_props), _key(target))
+    if props.router:
+        listing = parse_models(await fetcher.get_json(f"{target.url}/models", headers=headers, timeout=timeout))
+        wanted = [m for m in listing if target.model in (None, m.id)]
+        if target.model and not wanted:
+            raise ProbeFailure(Reason.MODEL_MISMATCH, f"the router lists no model {target.model!r}")
+        polls = await asyncio.gather(*(_router_model(fetcher, target, m, headers, timeout) for m in wanted))
+        return ServerPoll(router=True, models=MappingProxyType(dict(zip((m.id for m in wanted), polls, strict=True))))
+    if target.model and target.model not in model_names(raw_props):
+        raise ProbeFailure(Reason.MODEL_MISMATCH, f"configured model {target.model!r}, server runs {props.model!r}")
+    slots = await _slots(fetcher, f"{target.url}/slots", headers, timeout)
+    only = ModelPoll("loaded", PollResult(props, slots))
+    return ServerPoll(router=False, models=MappingProxyType({target.model or PLAIN: only}))
+
+
+async def _router_model(
+    fetcher: Fetcher, target: Target, model: RouterModel, headers: dict[str, str], timeout: float
+) -> ModelPoll:
+    """A loaded model's own /props and /slots, through the router; a model that is not loaded is left alone."""
+    if not model.loaded:
+        return ModelPoll(model.status)
+    query = _model_query(model.id)
+    try:
+        props = parse_props(await fetcher.get_json(f"{target.url}/props{query}", headers=headers, timeout=timeout))
+        if props.router:
+            raise ProbeFailure(Reason.INVALID_RESPONSE, f"/props for model {model.id!r} answered for the router")
+        slots = await _slots(fetcher, f"{target.url}/slots{query}", headers, timeout)
+    except ProbeFailure as failure:
+        if failure.reason is Reason.NOT_LOADED:
+            return ModelPoll("unloaded")  # unloaded between the listing and now
+        return ModelPoll(model.status, failure=_redacted(failure, _key(target)))
+    return ModelPoll(model.status, PollResult(_labels_redacted(props, _key(target)), slots))
+
+
+async def _canary(
+    fetcher: Fetcher, target: Target, endpoint: Endpoint, *, tokens: int, timeout: float, model: str | None
+) -> Tally:
     spec = TABLE[endpoint]
     body = spec.body(tokens)
-    if server.model:
-        body["model"] = server.model
-    url, headers = f"{server.url}{spec.path}", auth_headers(server)
+    query = ""
+    if model:
+        body["model"] = model
+        query = "?autoload=false"
+    url, headers = f"{target.url}{spec.path}{query}", auth_headers(target)
     if spec.streaming:
         answer = await fetcher.post_events(url, body, headers=headers, timeout=timeout)
     else:
         answer = await fetcher.post_json(url, body, headers=headers, timeout=timeout)
-    return classify(spec.read(answer))
+    reading = spec.read(answer)
+    if model and reading.model and model not in names_of(reading.model):
+        raise ProbeFailure(Reason.MODEL_MISMATCH, f"asked model {model!r}, answered by {reading.model[:100]!r}")
+    return classify(reading)

@@ -1,0 +1,47 @@
+"""When a model is due a canary, and on which endpoints: all at once after a change, else one endpoint per canary_interval."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.daemon.state import ModelState
+from exporter.probe.canary import Endpoint
+
+
+@dataclass(frozen=True)
+class Round:
+    """The canaries due for one model now."""
+
+    endpoints: tuple[Endpoint, ...]
+    full: bool
+    """Every endpoint, after the model appeared, changed or came back: a second pass follows when it proves nothing."""
+    rotation: bool
+    """The periodic confirmation: it restarts the canary_interval clock."""
+
+
+def due(model: ModelState, now: float, *, interval: float) -> Round | None:
+    """The round due for `model` at `now`, or None.
+
+    A model that cannot answer (its poll failed, or a router has it unloaded) gets nothing: canaries would only
+    fail, or load it. A change seen by the poll gets every endpoint at once. Otherwise one endpoint per `interval`,
+    the one canaried longest ago, so each endpoint is confirmed every `interval` x endpoints; an endpoint whose last
+    canary failed is retried after one `interval` instead of waiting its turn.
+    """
+    if model.poll is None or not model.loaded or not model.endpoints:
+        return None
+    if model.full_round_due:
+        return Round(model.endpoints, full=True, rotation=True)
+
+    def age(endpoint: Endpoint) -> float:
+        canary = model.canaries.get(endpoint)
+        return float("inf") if canary is None else now - canary.attempted_at
+
+    picks: list[Endpoint] = []
+    rotation = model.rotated_at is None or now - model.rotated_at >= interval
+    if rotation:
+        picks.append(max(model.endpoints, key=age))
+    failing = [e for e in model.endpoints if e not in picks and (c := model.canaries.get(e)) is not None and not c.success
+               and age(e) >= interval]
+    if failing:
+        picks.append(max(failing, key=age))
+    return Round(tuple(picks), full=False, rotation=rotation) if picks else None

@@ -1,0 +1,118 @@
+"""The landing page on-call opens first: how many servers serve fill-ins, then every watched model, worst first."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from exporter import __version__
+from exporter.daemon.state import ServerState
+from exporter.verdict import SEVERITY, Verdict
+
+
+@dataclass(frozen=True)
+class Row:
+    """One watched model (a server's only one, or one a router lists): plain words, no secrets."""
+
+    server: str
+    url: str
+    verdict: Verdict
+    summary: str
+    poll: str
+    model: str = ""
+    poll_age: float | None = None
+    """Seconds since the last successful poll."""
+    canary_age: float | None = None
+    """Seconds since the last canary of this model started."""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def rows(state: ServerState, now: float) -> list[Row]:
+    if state.poll_success is None:
+        poll = "not polled yet"
+    elif not state.poll_success:
+        poll = f"down ({state.poll_failure_reason or 'failed'})"
+    else:
+        poll = "up, router" if state.router else "up"
+    poll_age = now - state.last_poll_success_timestamp if state.last_poll_success_timestamp is not None else None
+    found = []
+    for key, model in state.models.items():
+        detail = poll
+        if model.poll is not None:
+            slots = model.poll.slots
+            speculation = "unknown (/slots off)" if slots is None else "on" if slots.speculative else "off"
+            detail += f"; speculation per /slots: {speculation}"
+        elif state.poll_success and state.router:
+            detail += f"; model {model.status}"
+        last = model.last_canary_at
+        found.append(Row(
+            server=state.config.name, url=state.config.url, model=key, verdict=model.decision.verdict,
+            summary=model.decision.summary, poll=detail, poll_age=poll_age,
+            canary_age=now - last if last is not None else None, labels=dict(state.config.labels),
+        ))
+    return found
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def summary_line(found: Iterable[Row]) -> str:
+    counts = Counter(r.verdict for r in found)
+    total = sum(counts.values())
+    words = {Verdict.FILL_INS: "serving fill-ins", Verdict.UNPROVEN: "unproven", Verdict.UNCHECKED: "unchecked",
+             Verdict.CLEAN: "clean"}
+    first = f"{counts[Verdict.FILL_INS]} of {total} serving fill-ins"
+    rest = [f"{counts[v]} {words[v]}" for v in SEVERITY[1:] if counts[v]]
+    return " · ".join([first, *rest])
+
+
+def render(found: list[Row]) -> str:
+    order = {verdict: rank for rank, verdict in enumerate(SEVERITY)}
+    found = sorted(found, key=lambda r: (order[r.verdict], r.server, r.model))
+    cells = []
+    for r in found:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
+        name = html.escape(r.server) + (f" <span class=\"model\">{html.escape(r.model)}</span>" if r.model else "")
+        cells.append(
+            f'<tr class="{r.verdict.value}"><td>{name}</td><td>{html.escape(r.verdict.value)}</td>'
+            f"<td>{html.escape(r.summary)}</td><td>{html.escape(r.poll)}</td><td>{_age(r.poll_age)}</td>"
+            f"<td>{_age(r.canary_age)}</td><td>{html.escape(labels)}</td><td><code>{html.escape(r.url)}</code></td></tr>"
+        )
+    alarm = " alarm" if any(r.verdict is Verdict.FILL_INS for r in found) else ""
+    body = "\n".join(cells) or '<tr><td colspan="8">no servers watched</td></tr>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>specwatch</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em 2em; }}
+#summary {{ font-size: 1.4em; font-weight: bold; margin: 0.4em 0 0.8em; }}
+#summary.alarm {{ color: #b00020; }}
+table {{ border-collapse: collapse; }}
+td, th {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }}
+tr.fill_ins td {{ background: #fde2e1; }}
+tr.unproven td, tr.unchecked td {{ background: #fff4d6; }}
+.model {{ color: #555; }}
+</style></head>
+<body>
+<h1>specwatch {html.escape(__version__)}</h1>
+<p id="summary" class="summary{alarm}">{html.escape(summary_line(found))}</p>
+<p>Watches llama-server instances for fill-in logprobs served under speculative decoding. The verdict is the one
+<code>specwatch check</code> gives and the alerts page on. <a href="metrics">Metrics</a> · <a href="-/healthy">Health</a></p>
+<table id="servers">
+<thead><tr><th>server</th><th>verdict</th><th>why</th><th>poll</th><th>last good poll</th><th>last canary</th>
+<th>labels</th><th>url</th></tr></thead>
+<tbody>
+{body}
+</tbody>
+</table>
+</body></html>
+"""
