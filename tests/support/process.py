@@ -1,0 +1,177 @@
+"""Child processes for tests: `specwatch run` with its output kept, any command logging to a file, and waiting on them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.support.net import HOST
+
+
+def _stop_group(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM to the child's process group, SIGKILL if it lingers, then SIGKILL for anything the leader left behind."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _poll(check: Callable[[], Any], timeout: float, interval: float, died: Callable[[], str | None],
+          timed_out: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        death = died()
+        if death is not None:
+            raise AssertionError(death)
+        if time.monotonic() > deadline:
+            raise AssertionError(timed_out())
+        time.sleep(interval)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, *, alive: subprocess.Popen | None = None,
+             interval: float = 0.05) -> Any:
+    """The first truthy result of `check`, polled until `timeout`; fails early if `alive` exits."""
+
+    def died() -> str | None:
+        if alive is None or alive.poll() is None:
+            return None
+        return f"process exited with {alive.returncode} while waiting for {what}"
+
+    return _poll(check, timeout, interval, died, lambda: f"timed out after {timeout:g}s waiting for {what}")
+
+
+class ExporterProcess:
+    """`specwatch run` as a real process on a free loopback port, its stdout and stderr kept for inspection."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        command = [sys.executable, "-m", "exporter", "run", "--listen", f"{HOST}:0", "--log-format", "json", *args]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.port = 0
+        self._readers = [threading.Thread(target=self._collect, args=(stream, lines), daemon=True)
+                         for stream, lines in ((self.process.stdout, self.stdout), (self.process.stderr, self.stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _collect(stream: Any, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    def events(self) -> list[dict[str, Any]]:
+        found = []
+        for line in list(self.stdout):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    found.append(event)
+        return found
+
+    def output(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
+
+    def wait_started(self, timeout: float = 20.0) -> ExporterProcess:
+        def listening() -> str | None:
+            return next((e["listen"] for e in self.events() if e.get("event") == "started"), None)
+
+        try:
+            listen = wait_for(listening, timeout, "specwatch to start", alive=self.process)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; its output:\n{self.output()}") from None
+        self.port = int(listen.rsplit(":", 1)[1])
+        return self
+
+    def url(self, scheme: str = "http") -> str:
+        return f"{scheme}://{HOST}:{self.port}"
+
+    def signal(self, number: int) -> None:
+        self.process.send_signal(number)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            _stop_group(self.process, 10)
+        # A reader ends with its pipe; once it has, every line is in and the pipe can be closed.
+        for reader, stream in zip(self._readers, (self.process.stdout, self.process.stderr), strict=True):
+            reader.join(5)
+            if stream is not None and not reader.is_alive():
+                stream.close()
+        return self.process.returncode
+
+    def __enter__(self) -> ExporterProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Process:
+    """A child in its own process group, logging to a file; stop() ends the whole group."""
+
+    def __init__(self, name: str, command: Sequence[str], log_dir: Path) -> None:
+        self.name = name
+        self.command = [str(c) for c in command]
+        self.log_path = log_dir / f"{name}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        return self
+
+    def exited(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _stop_group(proc, timeout)
+
+
+def wait_until(what: str, check: Callable[[], object], *, timeout: float, processes: Sequence[Process] = (),
+               interval: float = 0.2) -> object:
+    """Poll `check` until it returns something truthy; fail with the logs of any process that died meanwhile."""
+
+    def died() -> str | None:
+        for process in processes:
+            code = process.exited()
+            if code is not None:
+                return f"{process.name} exited with {code} while waiting for {what}:\n{process.log_tail()}"
+        return None
+
+    def timed_out() -> str:
+        logs = "\n".join(f"--- {p.name}:\n{p.log_tail(15)}" for p in processes)
+        return f"timed out after {timeout:.0f}s waiting for {what}\n{logs}"
+
+    return _poll(check, timeout, interval, died, timed_out)
