@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,19 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.genconfig import build_config, write_config
-from bench.simfleet import STATS_PATH, FleetOptions, SimFleetProcess, SimServer, raise_fd_limit
+from tests.support.net import free_port
+from tests.support.simfleet import (
+    STATS_PATH,
+    FleetOptions,
+    SimFleetProcess,
+    SimServer,
+    build_config,
+    raise_fd_limit,
+    write_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BLACKBOX_PACKAGE = "prometheus-blackbox-exporter"
 BLACKBOX_MODULE = "llama_props"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_cpu_seconds(pid: int) -> float:

@@ -3,64 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from bench.simfleet import HOST, is_speculating, server_name
-
-
-def servers_from_layout(count: int, base_port: int, host: str = HOST, spec_share: float = 0.2) -> list[dict[str, Any]]:
-    """The fleet `python -m bench.simfleet --servers COUNT --base-port BASE_PORT` serves."""
-    return [
-        {"name": server_name(i), "url": f"http://{host}:{base_port + i}", "speculative": is_speculating(i, spec_share)}
-        for i in range(count)
-    ]
-
-
-def servers_from_manifest(path: Path) -> list[dict[str, Any]]:
-    return list(json.loads(path.read_text(encoding="utf-8"))["servers"])
-
-
-def build_config(
-    servers: Iterable[dict[str, Any]],
-    *,
-    poll_interval: str = "15s",
-    canary_interval: str = "60s",
-    max_concurrency: int | None = None,
-    api_key_env: str | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A specwatch config mapping; the `kind` label says what the simulated server is, so a dashboard can check verdicts."""
-    entries = []
-    for server in servers:
-        entry: dict[str, Any] = {
-            "name": server["name"],
-            "url": server["url"],
-            "labels": {"pool": "sim", "kind": "speculating" if server.get("speculative") else "plain"},
-        }
-        if api_key_env:
-            entry["api_key_env"] = api_key_env
-        entries.append(entry)
-    config: dict[str, Any] = {"servers": entries, "poll_interval": poll_interval, "canary_interval": canary_interval}
-    if max_concurrency is not None:
-        config["max_concurrency"] = max_concurrency
-    config.update(extra or {})
-    return config
-
-
-def write_config(path: Path, config: dict[str, Any]) -> None:
-    path.write_text(yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=200), encoding="utf-8")
+from tests.support.net import HOST
+from tests.support.simfleet import build_config, servers_from_layout, servers_from_manifest, write_config
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.genconfig", description=__doc__)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--manifest", type=Path, help="the JSON manifest `bench.simfleet --manifest FILE` wrote")
+    source.add_argument("--manifest", type=Path, help="the JSON manifest `tests.support.simfleet --manifest FILE` wrote")
     source.add_argument("--servers", type=int, default=100, help="fleet size, with --base-port (default 100)")
     parser.add_argument("--base-port", type=int, default=20000, help="port of the first server (default 20000)")
     parser.add_argument("--host", default=HOST, help=f"address the fleet listens on (default {HOST})")

@@ -14,8 +14,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.genconfig import build_config, write_config
-from bench.simfleet import FleetOptions, SimFleetProcess, SimFleetThread
 from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
 from exporter.daemon.run import Daemon
 from exporter.daemon.state import Fleet
@@ -25,7 +23,8 @@ from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
 from exporter.settings import Settings, load_settings
-from tests.fakes import FakeLlama
+from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
+from tests.support.wire import FakeLlama
 
 pytestmark = pytest.mark.slow
 
