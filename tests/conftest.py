@@ -9,7 +9,8 @@ from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
-from tests.fakes import FakeLlama, fleet_transport
+from tests.support.fakes import fleet_transport
+from tests.support.wire import FakeLlama
 
 
 class FakeClock:

@@ -16,19 +16,18 @@ import yaml
 
 from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
-from tests.chain import (
+from tests.support.chain import (
     EXAMPLES,
     RULES,
     Delivery,
-    Process,
     WebhookReceiver,
     alert_rules,
     dashboard_queries,
     http_ok,
     prometheus_query,
     substitute,
-    wait_until,
 )
+from tests.support.process import Process, wait_until
 
 pytestmark = pytest.mark.real
 

@@ -8,7 +8,7 @@ import pytest
 
 from exporter.probe.canary import TABLE, Endpoint, Reading, Token, classify
 from exporter.reasons import ProbeFailure, Reason
-from tests.fakes import FakeLlama
+from tests.support.wire import FakeLlama
 
 
 def _answer(fake: FakeLlama, endpoint: Endpoint) -> Reading:

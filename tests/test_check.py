@@ -11,7 +11,7 @@ from exporter.check import render_text, run_check
 from exporter.probe.canary import Endpoint
 from exporter.settings import ServerConfig
 from exporter.verdict import Verdict
-from tests.fakes import FakeLlama
+from tests.support.wire import FakeLlama
 
 
 async def _check(fake: FakeLlama, **server_kw: object):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.chain import DASHBOARDS, dashboard_queries, dashboards, panels, substitute
+from tests.support.chain import DASHBOARDS, dashboard_queries, dashboards, panels, substitute
 
 EXPECTED = {"specwatch-fleet.json": "specwatch-fleet", "specwatch-server.json": "specwatch-server"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

@@ -14,7 +14,7 @@ import pytest
 
 from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
-from tests.metrics import find, scrape
+from tests.support.metrics import find, scrape
 
 pytestmark = pytest.mark.real
 

@@ -17,7 +17,8 @@ from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
 from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
-from tests.fakes import FakeLlama, fleet_transport
+from tests.support.fakes import fleet_transport
+from tests.support.wire import FakeLlama
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
 

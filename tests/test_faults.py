@@ -14,26 +14,12 @@ from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import Settings
-from tests.fakes import FakeLlama
-from tests.faultserver import (
-    UNRESOLVABLE_URL,
-    CloseAtOnce,
-    FaultServer,
-    Hang,
-    Huge,
-    Mutate,
-    Raw,
-    Redirect,
-    Reset,
-    Respond,
-    Status,
-    Trickle,
-    Truncated,
-    make_certs,
-    server_tls,
-    stranded_sockets,
-)
-from tests.metrics import exposition, parse, value
+from tests.support.certs import make_certs, server_tls
+from tests.support.faults import CloseAtOnce, Hang, Huge, Mutate, Raw, Redirect, Reset, Respond, Status, Trickle, Truncated
+from tests.support.loopback import FaultServer
+from tests.support.metrics import exposition, parse, value
+from tests.support.net import UNRESOLVABLE_URL, stranded_sockets
+from tests.support.wire import FakeLlama
 
 TIMEOUT = 1.0
 MAX_BYTES = 256 * 1024

@@ -12,7 +12,7 @@ from playwright.sync_api import sync_playwright
 from exporter.daemon import landing
 from exporter.daemon.collector import ExporterStatus, Exposition
 from exporter.daemon.web import WebApp
-from tests.fakes import FakeLlama
+from tests.support.wire import FakeLlama
 
 pytestmark = pytest.mark.real
 

@@ -16,7 +16,7 @@ from exporter.probe.fetch import parse_json
 from exporter.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason
 from exporter.settings import parse_duration
-from tests.fakes import FakeLlama
+from tests.support.wire import FakeLlama
 
 settings.register_profile("specwatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("specwatch")

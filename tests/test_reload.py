@@ -10,9 +10,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.fakes import FakeLlama
-from tests.faultserver import ExporterProcess, FaultServer, wait_for
-from tests.metrics import Samples, scrape, value
+from tests.support.loopback import FaultServer
+from tests.support.metrics import Samples, scrape, value
+from tests.support.process import ExporterProcess, wait_for
+from tests.support.wire import FakeLlama
 
 RELOAD_OK = "specwatch_config_last_reload_successful"
 RELOAD_AT = "specwatch_config_last_reload_success_timestamp_seconds"

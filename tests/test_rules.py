@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
-from tests.chain import (
+from tests.support.chain import (
     ALERTS,
     EXAMPLES,
     RUNBOOK_BASE,
@@ -25,7 +25,7 @@ from tests.chain import (
     rule_files,
     runbook_anchors,
 )
-from tests.fakes import FakeLlama
+from tests.support.wire import FakeLlama
 
 # Series Prometheus makes itself, not the exporter: the scrape health and the alert state.
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})

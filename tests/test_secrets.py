@@ -20,19 +20,12 @@ from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
 from exporter.settings import Settings
-from tests.fakes import FakeLlama
-from tests.faultserver import (
-    UNRESOLVABLE_URL,
-    ExporterProcess,
-    FaultServer,
-    Hang,
-    Respond,
-    Seen,
-    make_certs,
-    refused_url,
-    server_tls,
-    wait_for,
-)
+from tests.support.certs import make_certs, server_tls
+from tests.support.faults import Hang, Respond, Seen
+from tests.support.loopback import FaultServer
+from tests.support.net import UNRESOLVABLE_URL, refused_url
+from tests.support.process import ExporterProcess, wait_for
+from tests.support.wire import FakeLlama
 
 FILE_KEY = "sk-SPECWATCH-CANARY-0123456789"
 ENV_KEY = "sk-SPECWATCH-CANARY-ENV-9876543210"

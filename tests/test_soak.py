@@ -24,7 +24,7 @@ from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
 from exporter.settings import Settings
-from tests.faultserver import stranded_sockets
+from tests.support.net import stranded_sockets
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def snapshot() -> dict[str, int]:
 def start_chaos_fleet() -> tuple[subprocess.Popen, list[int]]:
     """The fake servers run in their own process, so the figures measured here are the watcher's alone."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.faultserver", "--soak", str(SERVERS), "--seed", "7"],
+        [sys.executable, "-m", "tests.support.faults", "--soak", str(SERVERS), "--seed", "7"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
     )
     assert process.stdout is not None

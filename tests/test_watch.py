@@ -7,8 +7,8 @@ import asyncio
 import httpx
 
 from exporter.reasons import Reason
-from tests.fakes import FakeLlama
-from tests.metrics import exposition, parse, value
+from tests.support.metrics import exposition, parse, value
+from tests.support.wire import FakeLlama
 
 
 def _samples(watcher) -> dict[tuple[str, tuple], float]:

@@ -14,7 +14,10 @@ import pytest
 
 from exporter.daemon.websecurity import WebSecurity, load_web_config
 from exporter.settings import ConfigError
-from tests.faultserver import HOST, ExporterProcess, FaultServer, make_certs, refused_url
+from tests.support.certs import make_certs
+from tests.support.loopback import FaultServer
+from tests.support.net import HOST, refused_url
+from tests.support.process import ExporterProcess
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 

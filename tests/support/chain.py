@@ -1,25 +1,22 @@
-"""The alerting chain's files and processes: rules, dashboards, PromQL names, Prometheus, Alertmanager, a webhook sink."""
+"""The alerting chain's files and services: rules, dashboards, PromQL names, Prometheus queries, a webhook sink."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "alerts"
 RULES = ALERTS / "specwatch.rules.yml"
 DASHBOARDS = REPO / "dashboards"
@@ -132,72 +129,6 @@ def github_anchor(heading: str) -> str:
 def runbook_anchors(path: Path = RUNBOOKS) -> set[str]:
     headings = re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
     return {github_anchor(h) for h in headings}
-
-
-# ---- processes -------------------------------------------------------------------------------------------------
-
-
-class Process:
-    """A child in its own process group, logging to a file; stop() ends the whole group."""
-
-    def __init__(self, name: str, command: Sequence[str], log_dir: Path) -> None:
-        self.name = name
-        self.command = [str(c) for c in command]
-        self.log_path = log_dir / f"{name}.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Process:
-        with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
-        return self
-
-    def exited(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, timeout: float = 5.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything the leader left behind
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-
-
-def wait_until(what: str, check: Callable[[], object], *, timeout: float, processes: Sequence[Process] = (),
-               interval: float = 0.2) -> object:
-    """Poll `check` until it returns something truthy; fail with the logs of any process that died meanwhile."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for process in processes:
-            code = process.exited()
-            if code is not None:
-                raise AssertionError(f"{process.name} exited with {code} while waiting for {what}:\n{process.log_tail()}")
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name}:\n{p.log_tail(15)}" for p in processes)
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
-        time.sleep(interval)
 
 
 def http_ok(url: str) -> bool:
