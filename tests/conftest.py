@@ -1,4 +1,4 @@
-"""Shared fixtures: fake fleets over httpx.MockTransport."""
+"""Shared fixtures: fake fleets over httpx.MockTransport, and a clock the test moves."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def make_watcher(clock: FakeClock):
+async def make_watcher(clock: FakeClock):
+    """Builds watchers over fake fleets; closes every client it opened once the test is done."""
     clients: list[httpx.AsyncClient] = []
 
     def build(fakes: dict[str, FakeLlama], **settings_kw: object) -> Watcher:
@@ -41,3 +42,5 @@ def make_watcher(clock: FakeClock):
         return Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes), clock=clock)
 
     yield build
+    for client in clients:
+        await client.aclose()
