@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from tests.support.net import HOST
-from tests.support.wire import Answer, FakeLlama, Lookalike, Request, error, json_answer
+from tests.support.wire import SSE, Answer, FakeLlama, Lookalike, Request, error, json_answer
 
 STATS_PATH = "/_sim/stats"
 KEEPALIVE_MAX = 100
@@ -33,11 +33,26 @@ LENGTH_REQUIRED = error(400, "send a Content-Length", "invalid_request_error")
 BODY_TOO_LARGE = error(413, "body too large", "invalid_request_error")
 
 
+_STATUS_LINES: dict[int, bytes] = {}
+_CLOSE = b"Connection: close\r\n"
+
+
+def _status_line(status: int) -> bytes:
+    """The status line and the headers llama-server's HTTP library puts on every answer."""
+    found = _STATUS_LINES.get(status)
+    if found is None:
+        found = _STATUS_LINES[status] = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nServer: llama.cpp\r\n"
+                                         "Access-Control-Allow-Origin: \r\n").encode()
+    return found
+
+
+def _lines(headers: Iterable[tuple[str, str]]) -> bytes:
+    return "".join(f"{name}: {value}\r\n" for name, value in headers).encode("latin-1")
+
+
 def head(status: int, headers: Iterable[tuple[str, str]]) -> bytes:
     """A response head as llama-server's HTTP library writes it."""
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", "Server: llama.cpp", "Access-Control-Allow-Origin: "]
-    lines += [f"{name}: {value}" for name, value in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return _status_line(status) + _lines(headers) + b"\r\n"
 
 
 @dataclass
@@ -83,11 +98,7 @@ class Site:
     open: set[_Connection] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.keep_alive = ("Keep-Alive", f"timeout={self.keepalive_timeout:g}, max={KEEPALIVE_MAX}")
-
-    def fault_for(self, path: str) -> Fault | None:
-        faults = self.faults
-        return (faults.get(path) or faults.get("*")) if faults else None
+        self.keep_alive = f"Keep-Alive: timeout={self.keepalive_timeout:g}, max={KEEPALIVE_MAX}\r\n".encode()
 
     async def listen(self, host: str = HOST, port: int = 0, tls: ssl.SSLContext | None = None) -> asyncio.Server:
         loop = asyncio.get_running_loop()
@@ -229,26 +240,23 @@ class _Connection(asyncio.Protocol):
             self.idle = None
         path, _, query = target.partition("?")
         request = Request(method, path, dict(parse_qsl(query, keep_blank_values=True)) if query else {}, headers, body)
-        self._dispatch(request, close)
-
-    def _dispatch(self, request: Request, close: bool) -> None:
         site = self.site
-        if request.path == STATS_PATH and site.serve_stats:
-            self.send(json_answer(200, site.stats.as_dict()), close=close)
+        if path == STATS_PATH and site.serve_stats:
+            self.send(json_answer(200, site.stats.as_dict()), close)
             return
-        site.stats.requests[request.path] += 1
+        site.stats.requests[path] += 1
         if site.record:
             site.seen.append(request)
-        fault = site.fault_for(request.path)
+        faults = site.faults
+        fault = (faults.get(path) or faults.get("*")) if faults else None
         if fault is not None:
             self.task = self.loop.create_task(self._play(fault, request, close))
             return
         answer = site.lookalike.answer(request)
-        head_only = request.method == "HEAD"
         if site.latency > 0:
-            self.loop.call_later(site.latency, self.send, answer, close, head_only)
+            self.loop.call_later(site.latency, self.send, answer, close, method == "HEAD")
         else:
-            self.send(answer, close, head_only)
+            self.send(answer, close, method == "HEAD")
 
     async def _play(self, fault: Fault, request: Request, close: bool) -> None:
         try:
@@ -266,21 +274,22 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        connection = ("Connection", "close") if close else self.site.keep_alive
-        if answer.streaming if framed is None else framed:
-            top = head(answer.status, [("Content-Type", answer.content_type), ("X-Accel-Buffering", "no"),
-                                       ("Transfer-Encoding", "chunked"), *answer.headers, connection])
-            chunks = [b"%x\r\n%b\r\n" % (len(c), c) for c in answer.chunks if c] + [b"0\r\n\r\n"]
+        status, content_type, chunks, extra = answer
+        top = _status_line(status) + (_lines(extra) if extra else b"")
+        connection = _CLOSE if close else self.site.keep_alive
+        if content_type == SSE if framed is None else framed:
+            top += b"Content-Type: %s\r\nX-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n%s\r\n" % (
+                content_type.encode(), connection)
+            framing = [b"%x\r\n%b\r\n" % (len(c), c) for c in chunks if c] + [b"0\r\n\r\n"]
             delay = self.site.token_delay
             if delay > 0 and not head_only:
                 transport.write(top)
-                self._trickle(chunks, 0, delay, close)
+                self._trickle(framing, 0, delay, close)
                 return
-            transport.write(top if head_only else top + b"".join(chunks))
+            transport.write(top if head_only else top + b"".join(framing))
         else:
-            body = answer.body
-            top = head(answer.status, [("Content-Type", answer.content_type), ("Content-Length", str(len(body))),
-                                       *answer.headers, connection])
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            top += b"Content-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (content_type.encode(), len(body), connection)
             transport.write(top if head_only else top + body)
         self._finish(close)
 
@@ -309,7 +318,7 @@ class Exchange:
     def __init__(self, connection: _Connection, request: Request, close: bool) -> None:
         self.connection = connection
         self.request = request
-        self.close = close
+        self.closing = close
 
     def healthy(self) -> Answer:
         return self.connection.site.lookalike.answer(self.request)
@@ -317,7 +326,7 @@ class Exchange:
     def respond(self, status: int, body: bytes, content_type: str = "application/json",
                 headers: Iterable[tuple[str, str]] = ()) -> None:
         """A whole answer with a Content-Length, whatever its content type."""
-        self.connection.send(Answer(status, content_type, (body,), tuple(headers)), self.close, framed=False)
+        self.connection.send(Answer(status, content_type, (body,), tuple(headers)), self.closing, framed=False)
 
     def write(self, data: bytes) -> None:
         self.connection.write(data)

@@ -190,6 +190,7 @@ class FakeLlama(Lookalike):
     """The httpx.Requests it answered as a mock transport handler."""
     counters: Counters = field(default_factory=Counters, compare=False)
     _memo: dict[str, tuple[tuple, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _model: tuple[str, bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def plain(cls, **kw: Any) -> FakeLlama:
@@ -216,7 +217,7 @@ class FakeLlama(Lookalike):
         path, method = request.path, request.method
         if path == "/health":
             return HEALTHY
-        if not _authorised(self.api_key, request):
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
             return UNAUTHORIZED
         if method in GET:
             if path == "/props":
@@ -297,13 +298,16 @@ class FakeLlama(Lookalike):
         stream = bool(body.get("stream"))
         key = (chat, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(self.fill_ins),
                frozenset(self.real_zero_at), draft_n, accepted, self.build_info)
-        chunks = _COMPLETIONS.get(key)
-        if chunks is None:
+        pieces = _COMPLETIONS.get(key)
+        if pieces is None:
             if len(_COMPLETIONS) > 4096:  # property tests ask for thousands of distinct shapes
                 _COMPLETIONS.clear()
-            chunks = _COMPLETIONS[key] = _Shape(*key).build()
-        model = self._memoised("model", (self.model_alias,), lambda: dump(self.model_alias))
-        return Answer(200, SSE if stream else JSON, tuple([c.replace(MODEL_MARK, model) for c in chunks]))
+            # Split where the model name goes once, so an answer costs a join per chunk, not a search.
+            pieces = _COMPLETIONS[key] = tuple(chunk.split(MODEL_MARK) for chunk in _Shape(*key).build())
+        alias, model = self._model or (None, b"")
+        if alias != self.model_alias:
+            alias, model = self._model = (self.model_alias, dump(self.model_alias))
+        return Answer(200, SSE if stream else JSON, tuple([model.join(p) for p in pieces]))
 
 
 def _count(value: Any) -> int:
@@ -338,7 +342,7 @@ def _slots(speculative: bool, total: int, n_ctx: int) -> Answer:
 
 # Completion bodies are shared by every server that answers alike; each server's model name goes in per answer.
 MODEL_MARK = dump("\ue000model\ue000")
-_COMPLETIONS: dict[tuple, tuple[bytes, ...]] = {}
+_COMPLETIONS: dict[tuple, tuple[list[bytes], ...]] = {}
 
 
 @dataclass(frozen=True)
