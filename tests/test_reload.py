@@ -28,7 +28,7 @@ def servers_in(found: dict) -> set[str]:
 
 
 def write(path: Path, servers: list[dict], **extra: object) -> None:
-    path.write_text(yaml.safe_dump({"servers": servers, "poll_interval": "300ms", "poll_timeout": "250ms",
+    path.write_text(yaml.safe_dump({"servers": servers, "poll_interval": "1s", "poll_timeout": "250ms",
                                     "canary_interval": "1s", "canary_endpoints": ["chat"], "canary_tokens": 8, **extra}))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.settings import ConfigError, load_settings, parse_duration, parse_shard
+from exporter.settings import NO_SERVERS, ConfigError, load_settings, parse_duration, parse_shard
 
 
 def _load(tmp_path: Path, text: str):
@@ -44,7 +44,41 @@ BAD_CONFIGS = [
     (OK_SERVER + "canary_endpoints: [chat, telepathy]\n",
      "canary_endpoints[1]: Input should be 'completion', 'completion_stream', 'completion_post_sampling', 'chat' or 'chat_stream'"),
     (OK_SERVER + "shard: 3/3\n", "shard: shard '3/3': need 0 <= INDEX < COUNT"),
-    (OK_SERVER + "poll_interval: 5s\npoll_timeout: 10s\n", "poll_timeout (10.0s) must be shorter than poll_interval (5.0s)"),
+    (OK_SERVER + "poll_interval: 5s\npoll_timeout: 10s\n",
+     "poll_timeout: 10s is longer than poll_interval 5s: a probe must end before the next one is due; shorten poll_timeout "
+     "(or leave it unset: it defaults to 5s, capped by poll_interval)"),
+    (OK_SERVER + "canary_interval: 20s\ncanary_timeout: 21s\n",
+     "canary_timeout: 21s is longer than canary_interval 20s: a probe must end before the next one is due; shorten "
+     "canary_timeout (or leave it unset: it defaults to 30s, capped by canary_interval)"),
+    (OK_SERVER + "canary_interval: 10ms\n",
+     "canary_interval: 10ms is below the 1s floor: a llama-server is probed at most once a second; use 1s or more"),
+    (OK_SERVER + "poll_interval: 999ms\n",
+     "poll_interval: 999ms is below the 1s floor: a llama-server is probed at most once a second; use 1s or more"),
+    (OK_SERVER + "poll_timeout: 50ms\n", "poll_timeout: 50ms is below the 100ms floor for timeouts: no llama-server answers that fast"),
+    ("servers:\n  - {name: a, url: 'http://h:1', timeout: 20s}\n",
+     "servers[0] (a).timeout: 20s is longer than poll_interval 15s: it replaces poll_timeout and canary_timeout for this "
+     "server, so it must end before the next poll is due"),
+    ("servers:\n  - {name: a, url: 'http://h:1', timeout: 10ms}\n",
+     "servers[0] (a).timeout: 10ms is below the 100ms floor for timeouts: no llama-server answers that fast"),
+    ("", NO_SERVERS),
+    ("# every server was removed by mistake\n", NO_SERVERS),
+    ("servers: []\n", NO_SERVERS),
+    ("servers:\n", NO_SERVERS),
+    ("poll_interval: 30s\n", NO_SERVERS),
+    ("servers:\n  - {name: a, url: '127.0.0.1:8080'}\n",
+     "servers[0] (a).url: '127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
+    ("servers:\n  - {name: a, url: 'localhost:8080'}\n",
+     "servers[0] (a).url: 'localhost:8080' has no scheme: add http:// (or https://), e.g. 'http://localhost:8080'"),
+    ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1'}\n",
+     "servers[0] (a).url: 'http://10.0.0.5:8080' ends in /v1: give the server's root (http://10.0.0.5:8080); specwatch "
+     "calls /health, /props, /slots, /completion and /v1/chat/completions itself"),
+    ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1/chat/completions'}\n",
+     "servers[0] (a).url: 'http://10.0.0.5:8080' ends in /v1/chat/completions: give the server's root "
+     "(http://10.0.0.5:8080); specwatch calls /health, /props, /slots, /completion and /v1/chat/completions itself"),
+    ("servers:\n  - {name: a, url: 'http://h:1', labels: {__x: y}}\n",
+     "servers[0] (a).labels: label name(s) ['__x'] start with '__', which Prometheus reserves for its own labels"),
+    ("servers:\n  - {name: a, url: 'http://h:1', api_key_file: /nonexistent/key, api_key_env: HOME}\n",
+     "servers[0] (a): api_key_file '/nonexistent/key' cannot be read: No such file or directory"),
     ("- just\n- a list\n", "the top level must be a mapping of keys such as servers:, poll_interval:"),
     ("servers: [\n", "not valid YAML: expected the node content, but found '<stream end>' at line 2, column 1"),
     ("servers:\n  - {name: a, url: 'http://h:1'}\napi_key: \"sk-pasted-secret\n", "not valid YAML: found unexpected end of stream at line 4, column 1"),
@@ -107,3 +141,100 @@ def test_durations(text: object, seconds: float) -> None:
 @pytest.mark.parametrize("text", ["0/1", "2/3"])
 def test_shards(text: str) -> None:
     assert parse_shard(text)[1] >= 1
+
+
+def test_a_bad_url_does_not_hide_a_missing_key_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, "servers:\n  - {name: a, url: 'ftp://h', api_key_file: /nonexistent/key, labels: {__x: y}}\n")
+    assert sorted(caught.value.problems) == [
+        "servers[0] (a).labels: label name(s) ['__x'] start with '__', which Prometheus reserves for its own labels",
+        "servers[0] (a).url: 'ftp://h' is not an http:// or https:// URL",
+        "servers[0] (a): api_key_file '/nonexistent/key' cannot be read: No such file or directory",
+    ]
+
+
+def test_a_bad_environment_override_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECWATCH_POLL_INTERVAL", "banana")
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, OK_SERVER + "poll_interval: 15s\n")
+    assert caught.value.problems == [
+        "poll_interval (from environment variable SPECWATCH_POLL_INTERVAL): 'banana' is not a duration (use e.g. 500ms, 15s, 1m30s)"
+    ]
+    assert str(caught.value).startswith(f"invalid config file '{tmp_path / 'specwatch.yml'}' and SPECWATCH_* environment (1 problem)")
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("nonsense", "servers (from environment variable SPECWATCH_SERVERS): not valid JSON; lists and mappings are given as JSON, "
+                 "e.g. SPECWATCH_SERVERS='[{\"name\": \"a\", \"url\": \"http://10.0.0.5:8080\"}]'"),
+    ("[]", f"servers (from environment variable SPECWATCH_SERVERS): {NO_SERVERS}"),
+    ('[{"name": "a", "url": "10.0.0.5:8080"}]',
+     "servers (from environment variable SPECWATCH_SERVERS)[0] (a).url: '10.0.0.5:8080' has no scheme: add http:// "
+     "(or https://), e.g. 'http://10.0.0.5:8080'"),
+])
+def test_bad_servers_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, expected: str) -> None:
+    monkeypatch.setenv("SPECWATCH_SERVERS", value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None)
+    assert caught.value.problems == [expected]
+    assert str(caught.value).startswith("invalid SPECWATCH_* environment (1 problem)")
+
+
+def test_only_no_configuration_at_all_means_the_default_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(None).default_target
+    assert not _load(tmp_path, OK_SERVER).default_target
+    monkeypatch.setenv("SPECWATCH_SERVERS", '[{"name": "env", "url": "http://e:1"}]')
+    assert not load_settings(None).default_target
+    # The environment can fill a server-less file, as it overrides any key of it.
+    assert [s.name for s in _load(tmp_path, "poll_interval: 30s\n").servers] == ["env"]
+
+
+@pytest.mark.parametrize(("text", "poll", "canary"), [
+    ("poll_interval: 2s\n", 2.0, 30.0),
+    ("poll_interval: 1s\ncanary_interval: 1s\n", 1.0, 1.0),
+    ("canary_interval: 10s\n", 5.0, 10.0),
+    ("poll_interval: 2s\npoll_timeout: 2s\n", 2.0, 30.0),
+    ("poll_interval: 2s\npoll_timeout: 100ms\ncanary_timeout: 45s\n", 0.1, 45.0),
+    ("", 5.0, 30.0),
+])
+def test_default_timeouts_are_capped_by_their_intervals(tmp_path: Path, text: str, poll: float, canary: float) -> None:
+    settings = _load(tmp_path, OK_SERVER + text)
+    server = settings.servers[0]
+    assert (settings.timeout_for(server, canary=False), settings.timeout_for(server, canary=True)) == (poll, canary)
+
+
+def test_a_server_timeout_within_the_intervals_applies_to_both_probes(tmp_path: Path) -> None:
+    settings = _load(tmp_path, "servers:\n  - {name: a, url: 'http://h:1', timeout: 12s}\n")
+    assert settings.timeout_for(settings.servers[0], canary=False) == settings.timeout_for(settings.servers[0], canary=True) == 12
+
+
+def test_misspelled_environment_variables_are_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"SPECWATCH_POLL_INTERVALL": "30s", "SPECWATCH_CANARY_TOKEN": "8", "SPECWATCH_WHATEVER": "1",
+                        "SPECWATCH_CONFIG_FILE": "x.yml", "SPECWATCH_SERVERS__0__NAME": "a", "SPECWATCH_LLAMA_KEY": "k",
+                        "SPECWATCH_CANARY_TOKENS": "8"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SPECWATCH_SERVERS__0__NAME")
+    settings = _load(tmp_path, "servers:\n  - {name: a, url: 'http://h:1', api_key_env: SPECWATCH_LLAMA_KEY}\n")
+    assert settings.poll_interval == 15.0 and settings.canary_tokens == 8
+    assert list(settings.warnings) == [
+        "environment variable SPECWATCH_CANARY_TOKEN is not a specwatch setting and is ignored; did you mean SPECWATCH_CANARY_TOKENS?",
+        "environment variable SPECWATCH_POLL_INTERVALL is not a specwatch setting and is ignored; did you mean SPECWATCH_POLL_INTERVAL?",
+        "environment variable SPECWATCH_WHATEVER is not a specwatch setting and is ignored; settings are SPECWATCH_ and a config "
+        "key, e.g. SPECWATCH_POLL_INTERVAL",
+    ]
+
+
+def test_warnings_come_with_a_refused_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECWATCH_SERVER", '[{"name": "a", "url": "http://h:1"}]')
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, "")
+    assert caught.value.warnings == (
+        "environment variable SPECWATCH_SERVER is not a specwatch setting and is ignored; did you mean SPECWATCH_SERVERS?",
+    )
+    assert str(caught.value).endswith("\n  note: " + caught.value.warnings[0])
+
+
+def test_nested_environment_forms_are_not_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.settings import environment_warnings
+
+    environ = {"SPECWATCH_SERVERS__0__NAME": "a", "specwatch_poll_interval": "3s", "SPECWATCH_CONFIG_FILE": "x", "PATH": "/bin"}
+    assert environment_warnings(environ=environ) == []
