@@ -8,17 +8,34 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from exporter import __version__
 from exporter.daemon.web import DEFAULT_PORT, parse_listen
 from exporter.probe.canary import Endpoint
-from exporter.settings import DEFAULT_SERVER_URL, ConfigError, ServerConfig, load_settings, parse_shard
+from exporter.settings import DEFAULT_SERVER_URL, ConfigError, ServerConfig, load_settings, parse_shard, parse_timeout
+
+EX_CONFIG = 2
+"""`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""
+EX_USAGE = 64
+"""Every command: the command line itself is wrong (sysexits' EX_USAGE; `check` uses 1 and 2 for verdicts)."""
+
+EPILOG_MAIN = """\
+exit status: 64 for a command-line usage error, whatever the command; see each command's --help for the rest.
+"""
 
 EPILOG_RUN = f"""\
-With no --config, specwatch watches {DEFAULT_SERVER_URL} (llama-server's default address).
-Every key can be overridden from the environment: SPECWATCH_POLL_INTERVAL=30s,
-SPECWATCH_SERVERS='[{{"name":"a","url":"http://10.0.0.5:8080"}}]'.
+With no config at all (no --config, no $SPECWATCH_CONFIG_FILE, no SPECWATCH_SERVERS), specwatch
+watches {DEFAULT_SERVER_URL} (llama-server's default address) and logs a warning saying so. A config
+file that lists no servers is refused, at start and on reload.
+Every key can be overridden from the environment, which wins over the file: SPECWATCH_POLL_INTERVAL=30s,
+SPECWATCH_SERVERS='[{{"name":"a","url":"http://10.0.0.5:8080"}}]'. A SPECWATCH_* variable that sets
+nothing (a misspelling) is warned about. --config /dev/stdin reads the config from a pipe.
 Reload the config with SIGHUP or POST /-/reload; a bad config is refused and the old one runs on.
+API key files are read again whenever they change: a rotated key needs no reload.
+Timeouts default to 5s (poll) and 30s (canary), capped by their intervals; intervals are at least 1s.
+With --web-config, /metrics, / and /-/reload need the configured credentials; /-/healthy and /-/ready
+answer without them (they reveal nothing), so liveness and readiness probes need no password.
 
 Example config:
   servers:
@@ -29,6 +46,11 @@ Example config:
       model: qwen3-8b                  # optional: router-mode servers
   poll_interval: 15s
   canary_interval: 60s
+
+exit status:
+  0   stopped by SIGTERM or Ctrl-C, or --check-config found the config valid
+  2   the config or web config is invalid, or the address cannot be listened on
+  64  command-line usage error (unknown option, bad --listen or --shard)
 """
 
 EPILOG_CHECK = """\
@@ -37,15 +59,45 @@ exit status:
   1  the server serves fill-in logprobs, or speculates (per /slots) without the canary
      proving its logprobs real: do not score
   2  could not check: unreachable, unauthorised, no logprobs in the answer, ...
+  64 command-line usage error: unknown option, a URL that is not a server's root URL,
+     an API key file that cannot be read, ... (nothing was checked)
 
 Run it before scoring an eval:  specwatch check http://127.0.0.1:8080 && python score.py
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, exiting with EX_USAGE: its own exit status 2 means "could not check" to `specwatch check`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_timeout(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _tokens(text: str) -> int:
+    if not text.strip().isdigit() or not 4 <= int(text) <= 512:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 4 to 512")
+    return int(text)
+
+
+DEFAULT_TARGET_NOTE = (
+    f"no config given (--config, $SPECWATCH_CONFIG_FILE or SPECWATCH_SERVERS): watching {DEFAULT_SERVER_URL} only; "
+    "list your fleet in a YAML file and run specwatch run --config FILE (see specwatch run --help)"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specwatch",
         description="Catch llama-server instances that serve fill-in (placeholder) logprobs under speculative decoding.",
+        epilog=EPILOG_MAIN,
     )
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -99,8 +151,11 @@ def _parser() -> argparse.ArgumentParser:
         "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
         help="endpoint to check (repeatable; default: all)",
     )
-    check.add_argument("--tokens", type=int, default=48, help="tokens per canary (default 48)")
-    check.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
+    check.add_argument("--tokens", type=_tokens, default=48, help="tokens per canary, 4 to 512 (default 48)")
+    check.add_argument(
+        "--timeout", type=_duration, default=60.0, metavar="DURATION",
+        help="per request, e.g. 30s, 2m, 1m30s or a number of seconds (default 60s)",
+    )
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
 
     demo = commands.add_parser(
@@ -141,24 +196,34 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import structlog
+
     from exporter.daemon import logs
 
     try:
         host, port = parse_listen(args.listen)
         if args.shard:
             parse_shard(args.shard)
+    except ValueError as err:
+        print(f"specwatch run: {err}", file=sys.stderr)
+        return EX_USAGE
+    try:
         settings = load_settings(args.config)
         web_security = None
         if args.web_config is not None:
             from exporter.daemon.websecurity import load_web_config
 
             web_security = load_web_config(args.web_config)
-    except (ConfigError, ValueError) as err:
+    except ConfigError as err:
         print(f"specwatch: {err}", file=sys.stderr)
-        return 2
+        return EX_CONFIG
     from exporter.daemon.run import Daemon, watched_servers
 
     if args.check_config:
+        for warning in settings.warnings:
+            print(f"specwatch: warning: {warning}", file=sys.stderr)
+        if settings.default_target:
+            print(f"specwatch: note: {DEFAULT_TARGET_NOTE}", file=sys.stderr)
         servers = watched_servers(settings, args.shard)
         print(f"config OK: {len(servers)} server(s) to watch, poll every {settings.poll_interval:g}s, "
               f"canary every {settings.canary_interval:g}s")
@@ -168,6 +233,11 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  {server.name}: {server.url} ({key}{model})")
         return 0
     logs.configure(args.log_level, json=None if args.log_format is None else args.log_format == "json")
+    log = structlog.get_logger("specwatch")
+    for warning in settings.warnings:
+        log.warning("config_warning", warning=warning)
+    if settings.default_target:
+        log.warning("watching_default_target", url=DEFAULT_SERVER_URL, hint=DEFAULT_TARGET_NOTE)
     daemon = Daemon(args.config, settings, shard=args.shard)
     authorise = web_security.authorise if web_security else None
     wrap = web_security.wrap_socket if web_security else None
@@ -175,22 +245,25 @@ def _run(args: argparse.Namespace) -> int:
         asyncio.run(daemon.run(host, port, web=daemon.web_app(authorise), wrap_socket=wrap))
     except OSError as err:
         print(f"specwatch: cannot listen on {args.listen}: {err.strerror or err}", file=sys.stderr)
-        return 2
+        return EX_CONFIG
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     from exporter.check import render_text, run_check
-    from exporter.verdict import Verdict
+    from exporter.daemon import logs
 
+    # Logs (a key file that changed mid-check) go to stderr: stdout carries the verdict, --json included.
+    logs.configure("warning", json=False, stream=sys.stderr)
     try:
         server = ServerConfig(
             name="check", url=args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model
         )
     except ValueError as err:
-        message = "; ".join(e["msg"].removeprefix("Value error, ") for e in getattr(err, "errors", lambda: [])()) or str(err)
+        errors = getattr(err, "errors", lambda **_: [])(include_url=False, include_input=False)
+        message = "; ".join(e["msg"].removeprefix("Value error, ") for e in errors) or str(err)
         print(f"specwatch check: {message}", file=sys.stderr)
-        return Verdict.UNCHECKED.exit_code
+        return EX_USAGE
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
     report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout, load=args.load))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))

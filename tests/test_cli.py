@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ def test_check_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> 
         main(["check", "--help"])
     out = capsys.readouterr().out
     assert "0  logprobs are real" in out and "1  the server serves fill-in" in out and "2  could not check" in out
+    assert "64 command-line usage error" in out
 
 
 def test_check_config_prints_servers_without_keys(tmp_path: Path) -> None:
@@ -66,17 +68,17 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("listen", ["nonsense", ":99999", "host:port"])
 def test_bad_listen_address(listen: str) -> None:
     result = _run("run", "--listen", listen, "--check-config")
-    assert result.returncode == 2 and "listen address" in result.stderr
+    assert result.returncode == 64 and "listen address" in result.stderr
 
 
 def test_bad_shard() -> None:
     result = _run("run", "--shard", "5/2", "--check-config")
-    assert result.returncode == 2 and "need 0 <= INDEX < COUNT" in result.stderr
+    assert result.returncode == 64 and "need 0 <= INDEX < COUNT" in result.stderr
 
 
 def test_check_rejects_a_bad_url() -> None:
     result = _run("check", "ftp://x")
-    assert result.returncode == 2 and "is not an http:// or https:// URL" in result.stderr
+    assert result.returncode == 64 and "is not an http:// or https:// URL" in result.stderr
 
 
 def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
@@ -97,3 +99,95 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
     config.write_text("servers:\n  - {name: from-env, url: 'http://h:1'}\n")
     result = _run("run", "--check-config", env={**os.environ, "SPECWATCH_CONFIG_FILE": str(config)})
     assert result.returncode == 0 and "  from-env: http://h:1 (no api key)" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("run", "--bogus"), ("check",), ("check", "http://h:1", "--endpoint", "telepathy"), ("demo", "--bogus"), ("nonsense",),
+    ("check", "http://h:1", "--timeout", "soon"), ("check", "http://h:1", "--timeout", "10ms"), ("check", "http://h:1", "--tokens", "2"),
+])
+def test_usage_errors_exit_64_never_2(args: tuple[str, ...]) -> None:
+    # 2 is `specwatch check`'s "could not check": a typo in a harness must not read as a verdict.
+    result = _run(*args)
+    assert result.returncode == 64, result.stderr
+    assert "error:" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("check", "127.0.0.1:8080"), "'127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
+    (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
+    (("check", "http://h:1", "--api-key-file", "/nonexistent/key"),
+     "api_key_file '/nonexistent/key' cannot be read: No such file or directory"),
+    (("check", "http://h:1", "--api-key-env", "SPECWATCH_TEST_UNSET_KEY"),
+     "environment variable 'SPECWATCH_TEST_UNSET_KEY' (api_key_env) is unset or empty"),
+])
+def test_check_refuses_bad_input_as_a_usage_error(args: tuple[str, ...], message: str) -> None:
+    result = _run(*args)
+    assert result.returncode == 64 and message in result.stderr, result.stderr
+
+
+def test_check_timeout_takes_a_duration() -> None:
+    from tests.faultserver import refused_url
+
+    result = _run("check", refused_url(), "--timeout", "1s", "--json")
+    assert result.returncode == 2, result.stderr  # unchecked: nothing listens there
+    assert '"verdict": "unchecked"' in result.stdout and "connection_refused" in result.stdout
+
+
+def test_main_help_documents_the_usage_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "64 for a command-line usage error" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "64  command-line usage error" in out and "2   the config or web config is invalid" in out
+    assert "/-/healthy and /-/ready" in out
+
+
+def test_a_config_from_a_pipe_is_read_once_and_the_environment_wins(tmp_path: Path) -> None:
+    env = {**os.environ, "SPECWATCH_POLL_INTERVAL": "30s"}
+    env.pop("SPECWATCH_CONFIG_FILE", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "run", "--config", "/dev/stdin", "--check-config"],
+        input="servers:\n  - {name: piped, url: 'http://h:1'}\npoll_interval: 10s\ncanary_interval: 2m\n",
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "config OK: 1 server(s) to watch, poll every 30s, canary every 120s", "  piped: http://h:1 (no api key)",
+    ]
+
+
+@pytest.mark.parametrize("text", ["", "servers: []\n", "poll_interval: 30s\n"])
+def test_a_config_without_servers_does_not_start(tmp_path: Path, text: str) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text(text)
+    result = _run("run", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"specwatch: invalid config file {str(config)!r} (1 problem):\n  - lists no servers: ")
+
+
+def test_no_config_at_all_watches_the_default_target_and_says_so() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SPECWATCH_")}
+    result = _run("run", "--check-config", env=env)
+    assert result.returncode == 0
+    assert "  local: http://127.0.0.1:8080 (no api key)" in result.stdout
+    assert "specwatch: note: no config given (--config, $SPECWATCH_CONFIG_FILE or SPECWATCH_SERVERS): watching " \
+           "http://127.0.0.1:8080 only" in result.stderr
+
+
+def test_an_environment_override_is_blamed_not_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://h:1'}\n")
+    result = _run("run", "--config", str(config), "--check-config", env={**os.environ, "SPECWATCH_POLL_INTERVAL": "banana"})
+    assert result.returncode == 2
+    assert "poll_interval (from environment variable SPECWATCH_POLL_INTERVAL): 'banana' is not a duration" in result.stderr
+
+
+def test_a_misspelled_variable_is_warned_about_never_fatal(tmp_path: Path) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://h:1'}\n")
+    result = _run("run", "--config", str(config), "--check-config", env={**os.environ, "SPECWATCH_POLL_INTERVALL": "30s"})
+    assert result.returncode == 0
+    assert "specwatch: warning: environment variable SPECWATCH_POLL_INTERVALL is not a specwatch setting and is ignored; " \
+           "did you mean SPECWATCH_POLL_INTERVAL?" in result.stderr

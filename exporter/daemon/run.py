@@ -96,6 +96,8 @@ class Daemon:
                 configured_servers=len(settings.servers),
             )
             log.info("reloaded", servers=len(servers))
+            for warning in settings.warnings:
+                log.warning("config_warning", warning=warning)
             return None
 
     def reload_from_thread(self) -> str | None:

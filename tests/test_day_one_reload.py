@@ -1,0 +1,55 @@
+"""A real `specwatch run` meeting an emptied config, no config at all, and a misspelled variable."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+
+from tests.fakes import FakeLlama
+from tests.faultserver import ExporterProcess, FaultServer, wait_for
+from tests.metrics import scrape, value
+
+
+def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_path: Path) -> None:
+    with FaultServer(FakeLlama.plain(tokens=8)) as llama:
+        config = tmp_path / "specwatch.yml"
+        config.write_text(f"servers:\n  - {{name: a, url: '{llama.url}'}}\npoll_interval: 1s\ncanary_endpoints: [chat]\n")
+        with ExporterProcess("--config", str(config)) as exporter:
+            exporter.wait_started()
+            metrics = f"{exporter.url()}/metrics"
+            wait_for(lambda: value(scrape(metrics), "specwatch_up", server="a") == 1, 15, "a up", alive=exporter.process)
+
+            config.write_text("")  # : > specwatch.yml
+            exporter.signal(signal.SIGHUP)
+            wait_for(lambda: any(e.get("event") == "reload_failed" for e in exporter.events()), 15, "the reload to be refused")
+            [failed] = [e for e in exporter.events() if e.get("event") == "reload_failed"]
+            assert "lists no servers" in failed["error"]
+            found = scrape(metrics)
+            assert value(found, "specwatch_config_last_reload_successful") == 0
+            assert value(found, "specwatch_up", server="a") == 1
+            assert value(found, "specwatch_up", server="local") is None
+
+            config.write_text("servers: []\n")
+            answer = httpx.post(f"{exporter.url()}/-/reload", timeout=30)
+            assert answer.status_code == 500 and "lists no servers" in answer.text
+            before = llama.count("/props")
+            wait_for(lambda: llama.count("/props") > before, 15, "a to be polled still", alive=exporter.process)
+
+
+def test_no_config_at_all_logs_a_warning_with_the_way_out(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SPECWATCH_")}
+    env["SPECWATCH_POLL_INTERVALL"] = "30s"
+    with ExporterProcess(env=env) as exporter:
+        exporter.wait_started()
+        events = exporter.events()
+        [default] = [e for e in events if e.get("event") == "watching_default_target"]
+        assert default["level"] == "warning" and default["url"] == "http://127.0.0.1:8080"
+        assert "--config" in default["hint"]
+        [warning] = [e for e in events if e.get("event") == "config_warning"]
+        assert "SPECWATCH_POLL_INTERVALL" in warning["warning"] and "SPECWATCH_POLL_INTERVAL?" in warning["warning"]
+        exporter.signal(signal.SIGHUP)
+        wait_for(lambda: sum(e.get("event") == "config_warning" for e in exporter.events()) == 2, 15,
+                 "the warning again on reload", alive=exporter.process)
