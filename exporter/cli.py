@@ -250,11 +250,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from exporter.check import render_text, run_check
-    from exporter.daemon import logs
+    import structlog
 
-    # Logs (a key file that changed mid-check) go to stderr: stdout carries the verdict, --json included.
-    logs.configure("warning", json=False, stream=sys.stderr)
+    # Log lines (a key file that changed mid-check) go to stderr: stdout carries the verdict, --json included.
+    previous = structlog.get_config()
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    try:
+        return _checked(args)
+    finally:
+        structlog.configure(**previous)
+
+
+def _checked(args: argparse.Namespace) -> int:
+    from exporter.check import render_text, run_check
+
     try:
         server = ServerConfig(
             name="check", url=args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model
