@@ -140,6 +140,27 @@ def classify_transport_error(err: Exception) -> Reason:
     return Reason.CONNECTION_RESET
 
 
+def dropped_before_answer(err: Exception) -> bool:
+    """Whether the server dropped the connection before any of its answer arrived (reset, or closed without a response).
+
+    A server that closes an idle kept-alive connection races the next request sent on it: the request is lost
+    unread, and sending it again on a new connection is safe. A timeout, a refused connection, or an answer cut
+    off once it started (the error then comes from reading the body) is the server's answer and is never retried.
+    """
+    if isinstance(err, httpx.TimeoutException | httpx.ConnectError):
+        return False
+    if isinstance(err, httpx.RemoteProtocolError):
+        return "without sending a response" in str(err)
+    if isinstance(err, httpx.ReadError | httpx.WriteError):
+        return any(isinstance(e, ConnectionResetError | BrokenPipeError | ConnectionAbortedError) for e in _cause_chain(err))
+    return False
+
+
+def _transport_failure(err: httpx.TransportError) -> ProbeFailure:
+    reason = classify_transport_error(err)
+    return ProbeFailure(reason, f"{err.__class__.__name__}: {str(err)[:200] or reason.value}")
+
+
 def _status_reason(status: int) -> Reason | None:
     if status < 300:
         return None
@@ -236,24 +257,42 @@ class Fetcher:
 
     @asynccontextmanager
     async def _open(
-        self, method: str, url: str, *, headers: dict[str, str], timeout: float, body: Any = None
+        self, method: str, url: str, *, headers: dict[str, str], timeout: float, deadline: float, body: Any = None
     ) -> AsyncIterator[httpx.Response]:
         # httpx timeouts apply per read; a body that trickles in meets the overall deadline in the read loops.
+        response = await self._send(method, url, headers=headers, timeout=timeout, deadline=deadline, body=body)
         try:
-            async with self.client.stream(
-                method, url, headers=headers, json=body, timeout=httpx.Timeout(timeout)
-            ) as response:
-                reason = _status_reason(response.status_code)
-                if reason is not None:
-                    where = response.headers.get("location", "")
-                    extra = f" to {where[:100]!r}" if reason is Reason.REDIRECT and where else ""
-                    if response.status_code == 400 and await _says_not_loaded(response):
-                        reason = Reason.NOT_LOADED
-                    raise ProbeFailure(reason, f"HTTP {response.status_code}{extra}")
-                yield response
+            reason = _status_reason(response.status_code)
+            if reason is not None:
+                where = response.headers.get("location", "")
+                extra = f" to {where[:100]!r}" if reason is Reason.REDIRECT and where else ""
+                if response.status_code == 400 and await _says_not_loaded(response):
+                    reason = Reason.NOT_LOADED
+                # The path, never the query: it may name a model, and a misconfigured URL is found by its path.
+                raise ProbeFailure(reason, f"HTTP {response.status_code} on {response.request.url.path}{extra}")
+            yield response
         except httpx.TransportError as err:
-            reason = classify_transport_error(err)
-            raise ProbeFailure(reason, f"{err.__class__.__name__}: {str(err)[:200] or reason.value}") from None
+            raise _transport_failure(err) from None
+        finally:
+            await response.aclose()
+
+    async def _send(
+        self, method: str, url: str, *, headers: dict[str, str], timeout: float, deadline: float, body: Any
+    ) -> httpx.Response:
+        """The response, its headers read; a connection dropped before any answer is tried once more, by the deadline."""
+        loop = asyncio.get_running_loop()
+        for attempt in (1, 2):
+            remaining = min(timeout, deadline - loop.time())
+            if remaining <= 0:
+                raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s")
+            request = self.client.build_request(method, url, headers=headers, json=body, timeout=httpx.Timeout(remaining))
+            try:
+                return await self.client.send(request, stream=True)
+            except httpx.TransportError as err:
+                if attempt == 1 and dropped_before_answer(err):
+                    continue
+                raise _transport_failure(err) from None
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _read_capped(self, response: httpx.Response, deadline: float, timeout: float) -> bytes:
         declared = response.headers.get("content-length", "")
@@ -281,12 +320,12 @@ class Fetcher:
 
     async def _get_json(self, url: str, *, headers: dict[str, str], timeout: float) -> Any:
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self._open("GET", url, headers=headers, timeout=timeout) as response:
+        async with self._open("GET", url, headers=headers, timeout=timeout, deadline=deadline) as response:
             return parse_json(await self._read_capped(response, deadline, timeout))
 
     async def _post_json(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> Any:
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
+        async with self._open("POST", url, headers=headers, timeout=timeout, deadline=deadline, body=body) as response:
             return parse_json(await self._read_capped(response, deadline, timeout))
 
     async def _capped_lines(self, response: httpx.Response, deadline: float, timeout: float) -> AsyncIterator[str]:
@@ -310,7 +349,7 @@ class Fetcher:
     async def _post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
         deadline = asyncio.get_running_loop().time() + timeout
         events: list[Any] = []
-        async with self._open("POST", url, headers=headers, timeout=timeout, body=body) as response:
+        async with self._open("POST", url, headers=headers, timeout=timeout, deadline=deadline, body=body) as response:
             async for line in self._capped_lines(response, deadline, timeout):
                 if not line.startswith("data:"):
                     if line.startswith("error:"):
