@@ -110,6 +110,15 @@ def _report(samples: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def closing_hint(metrics_url: str, *, keep_running: bool) -> str:
+    """What the user can do next: curl the exporter only while it still runs."""
+    if keep_running:
+        return (f"see it yourself: curl -s {metrics_url} | grep -E 'specwatch_verdict|contradiction'\n"
+                f"or browse {metrics_url.removesuffix('metrics')} ; running until Ctrl-C, which stops them all")
+    return ("the demo has stopped its llama-servers and the exporter; run specwatch demo --keep-running to keep them "
+            "up and curl or browse the exporter yourself")
+
+
 def run_demo(*, listen: str, keep_running: bool) -> int:
     host, port = parse_listen(listen)
     host = host if host != "0.0.0.0" else "127.0.0.1"
@@ -153,9 +162,8 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             say("")
             say(_report(samples, names))
             say("")
-            say(f"see it yourself: curl -s {metrics_url} | grep -E 'specwatch_verdict|contradiction'")
+            say(closing_hint(metrics_url, keep_running=keep_running))
             if keep_running:
-                say("running until Ctrl-C ...")
                 while exporter.poll() is None:
                     time.sleep(1)
             return 0
