@@ -17,6 +17,9 @@ RUN pip install --no-cache-dir --no-index --find-links=/wheels /wheels/specwatch
 USER 10001:10001
 ENV PYTHONUNBUFFERED=1
 EXPOSE 9824
-HEALTHCHECK --interval=30s --timeout=3s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9824/-/healthy', timeout=2)"]
+# /-/healthy needs no credentials even with --web-config basic auth. Plain http first, then https (with
+# tls_server_config; the certificate is not checked: this is the container talking to itself). With
+# client_auth_type RequireAndVerifyClientCert it cannot connect: use your orchestrator's TCP check instead.
+HEALTHCHECK --interval=30s --timeout=6s CMD ["python", "-c", "import ssl, sys, urllib.request\nfor url in ('http://127.0.0.1:9824/-/healthy', 'https://127.0.0.1:9824/-/healthy'):\n    try:\n        urllib.request.urlopen(url, timeout=2, context=ssl._create_unverified_context())\n        sys.exit(0)\n    except Exception:\n        pass\nsys.exit(1)"]
 ENTRYPOINT ["specwatch", "run"]
 CMD ["--listen", ":9824"]

@@ -123,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
         "--shard", metavar="INDEX/COUNT", help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server name)"
     )
     run.add_argument(
-        "--web-config", type=Path, metavar="FILE", help="TLS and basic-auth settings for the /metrics endpoint (YAML)"
+        "--web-config", type=Path, metavar="FILE",
+        help="TLS, client certificates, headers and basic auth for this endpoint, in Prometheus' web config format "
+        "(see examples/web-config.yml); /-/healthy and /-/ready stay open",
     )
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     run.add_argument("--log-format", choices=("json", "console"), help="default: console on a terminal, else json")
@@ -239,10 +241,17 @@ def _run(args: argparse.Namespace) -> int:
     if settings.default_target:
         log.warning("watching_default_target", url=DEFAULT_SERVER_URL, hint=DEFAULT_TARGET_NOTE)
     daemon = Daemon(args.config, settings, shard=args.shard)
-    authorise = web_security.authorise if web_security else None
+    web = daemon.web_app(web_security.authorise if web_security else None)
+    if web_security is not None:
+        for name, value in web_security.headers.items():
+            if value:
+                web.headers[name] = value
+            else:
+                web.headers.pop(name, None)  # a blank header in the web config unsets it, as in exporter-toolkit
+        web.admit = web_security.admit
     wrap = web_security.wrap_socket if web_security else None
     try:
-        asyncio.run(daemon.run(host, port, web=daemon.web_app(authorise), wrap_socket=wrap))
+        asyncio.run(daemon.run(host, port, web=web, wrap_socket=wrap))
     except OSError as err:
         print(f"specwatch: cannot listen on {args.listen}: {err.strerror or err}", file=sys.stderr)
         return EX_CONFIG

@@ -79,12 +79,13 @@ tls_config: {{}}
 tls_server_config:
   cert_file: {certs.cert}
   key_file: {certs.key}
-  client_ca_file: {certs.ca}
+  client_cert_file: {certs.ca}
 basic_auth_users: {{}}
 """)
     assert problems(path) == [
-        "tls_config: unknown key (allowed: tls_server_config, basic_auth_users)",
-        "tls_server_config.client_ca_file: unknown key (allowed: cert_file, key_file)",
+        "tls_config: unknown key (allowed: tls_server_config, http_server_config, basic_auth_users)",
+        "tls_server_config.client_cert_file: unknown key (allowed: cert_file, key_file, cert, key, client_auth_type, "
+        "client_ca_file, client_ca, client_allowed_sans, min_version, max_version, prefer_server_cipher_suites)",
     ]
 
 
@@ -99,7 +100,7 @@ basic_auth_users:
 """)
     assert problems(path) == [
         f"tls_server_config.cert_file: {str(tmp_path / 'missing.pem')!r} cannot be read: No such file or directory",
-        "tls_server_config.key_file: required",
+        "tls_server_config.key_file: required (or key: inline PEM)",
         "basic_auth_users.alice: not a bcrypt hash (expected 60 characters starting with $2b$, $2a$ or $2y$)",
         "basic_auth_users: user name 'bob:x' must be a non-empty string without ':'",
         "basic_auth_users.carol: must be a bcrypt hash string such as $2b$12$...",
@@ -121,7 +122,7 @@ def test_mismatched_certificate_and_key(tmp_path, certs) -> None:
 
 
 @pytest.mark.parametrize(("text", "problem"), [
-    ("- a\n- b\n", "the top level must be a mapping with tls_server_config and/or basic_auth_users"),
+    ("- a\n- b\n", "the top level must be a mapping with tls_server_config, http_server_config, basic_auth_users"),
     ("tls_server_config: yes\n", "tls_server_config: must be a mapping with cert_file and key_file"),
     ("basic_auth_users: [alice]\n", "basic_auth_users: must be a mapping of user name to bcrypt hash"),
 ])
@@ -256,7 +257,7 @@ def test_a_bad_web_config_stops_the_exporter_with_the_problems(tmp_path) -> None
     errors = "".join(process.stderr)
     assert errors == (
         f"specwatch: invalid web config file {str(web)!r} (3 problems):\n"
-        "  - basic_auth: unknown key (allowed: tls_server_config, basic_auth_users)\n"
+        "  - basic_auth: unknown key (allowed: tls_server_config, http_server_config, basic_auth_users)\n"
         f"  - tls_server_config.cert_file: {str(tmp_path / 'nope.pem')!r} cannot be read: No such file or directory\n"
         f"  - tls_server_config.key_file: {str(tmp_path / 'nope-key.pem')!r} cannot be read: No such file or directory\n"
     )
@@ -268,3 +269,79 @@ def test_the_shipped_example_loads_once_its_certificates_exist(tmp_path, certs) 
     security = load_web_config(write(tmp_path / "web.yml", text))
     assert security.tls is not None
     assert security.authorise(basic("prometheus", "test")) and not security.authorise(basic("prometheus", "nope"))
+
+
+def _tls(certs, extra: str) -> str:
+    return f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n{extra}"
+
+
+BAD_WEB_CONFIGS = [
+    ("  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+     "tls_server_config.cipher_suites: not supported: Go cipher suite names do not map onto Python's OpenSSL; remove it to "
+     "use OpenSSL's default secure suites"),
+    ("  curve_preferences: [X25519]\n",
+     "tls_server_config.curve_preferences: not supported: Python's ssl module cannot set a curve preference list; remove it "
+     "to use OpenSSL's defaults"),
+    ("  client_auth_type: RequireAnyClientCert\n",
+     "tls_server_config.client_auth_type: RequireAnyClientCert is not supported: it accepts certificates nobody verified, "
+     "which Python's TLS cannot do (and exporter-toolkit calls insecure); use RequireAndVerifyClientCert with client_ca_file"),
+    ("  client_auth_type: RequestClientCert\n",
+     "tls_server_config.client_auth_type: RequestClientCert is not supported: it accepts certificates nobody verified, "
+     "which Python's TLS cannot do (and exporter-toolkit calls insecure); use RequireAndVerifyClientCert with client_ca_file"),
+    ("  client_auth_type: Mandatory\n",
+     "tls_server_config.client_auth_type: 'Mandatory' is not one of NoClientCert, VerifyClientCertIfGiven, "
+     "RequireAndVerifyClientCert, RequestClientCert, RequireAnyClientCert"),
+    ("  client_auth_type: RequireAndVerifyClientCert\n",
+     "tls_server_config.client_ca_file: required by client_auth_type RequireAndVerifyClientCert (the CA that signs client "
+     "certificates)"),
+    ("  client_ca_file: CA\n",
+     "tls_server_config.client_auth_type: client_ca_file is set but client_auth_type is NoClientCert (the default), so no "
+     "client certificate would be asked for; set client_auth_type: RequireAndVerifyClientCert"),
+    ("  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: CA\n  client_allowed_sans: [a.example]\n",
+     "tls_server_config.client_allowed_sans: needs client_auth_type: RequireAndVerifyClientCert (a client without a "
+     "certificate has no name to match)"),
+    ("  min_version: TLS10\n",
+     "tls_server_config.min_version: TLS10 is not offered: TLS 1.0 and 1.1 are deprecated (RFC 8996); use TLS12 or TLS13"),
+    ("  max_version: TLS1.3\n", "tls_server_config.max_version: 'TLS1.3' is not a TLS version (use TLS12 or TLS13)"),
+    ("  min_version: TLS13\n  max_version: TLS12\n", "tls_server_config: min_version TLS13 is above max_version TLS12"),
+    ("  cert: '-----BEGIN CERTIFICATE-----'\n", "tls_server_config: set cert_file or cert, not both"),
+    ("http_server_config:\n  http2: true\n",
+     "http_server_config.http2: true is not supported: this endpoint speaks HTTP/1.1 (with keep-alive); set http2: false "
+     "or remove it"),
+    ("http_server_config:\n  headers: {X-Powered-By: specwatch}\n",
+     "http_server_config.headers.X-Powered-By: not a header a web config may set (allowed: Content-Security-Policy, "
+     "X-Frame-Options, X-Content-Type-Options, X-XSS-Protection, Strict-Transport-Security)"),
+    ("http_server_config:\n  headers: {X-Frame-Options: allow}\n",
+     "http_server_config.headers.X-Frame-Options: 'allow' is not one of deny, sameorigin"),
+    ("http_server_config:\n  grpc: true\n", "http_server_config.grpc: unknown key (allowed: http2, headers)"),
+    ("rate_limit: {interval: 1s, burst: 10}\n",
+     "rate_limit: not supported by specwatch; put a reverse proxy in front to rate-limit"),
+]
+
+
+@pytest.mark.parametrize(("extra", "expected"), BAD_WEB_CONFIGS, ids=[e[:50] for _, e in BAD_WEB_CONFIGS])
+def test_each_bad_web_config_gives_its_exact_error(tmp_path, certs, extra: str, expected: str) -> None:
+    text = _tls(certs, extra.replace(": CA", f": {certs.ca}")) if extra.startswith("  ") else _tls(certs, "") + extra
+    assert problems(write(tmp_path / "web.yml", text)) == [expected]
+
+
+def test_the_rest_of_prometheus_web_config_is_accepted(tmp_path, certs) -> None:
+    security = load_web_config(write(tmp_path / "web.yml", _tls(certs, f"""\
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {certs.ca}
+  client_allowed_sans: [prometheus.example]
+  min_version: TLS13
+  max_version: TLS13
+  prefer_server_cipher_suites: false
+http_server_config:
+  http2: false
+  headers:
+    Content-Security-Policy: default-src 'self'
+    x-frame-options: sameorigin
+    X-XSS-Protection: ''
+""")))
+    assert security.tls is not None and security.tls.verify_mode == ssl.CERT_REQUIRED
+    assert security.tls.minimum_version == security.tls.maximum_version == ssl.TLSVersion.TLSv1_3
+    assert security.allowed_sans == {"prometheus.example"}
+    assert security.headers == {"Content-Security-Policy": "default-src 'self'", "X-Frame-Options": "sameorigin",
+                                "X-XSS-Protection": ""}

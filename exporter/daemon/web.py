@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 import ssl
 import sys
@@ -13,15 +14,45 @@ from urllib.parse import urlsplit
 from exporter import __version__
 
 DEFAULT_PORT = 9824
+OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
+"""Answered without credentials: they reveal nothing, and liveness probes (Docker, Kubernetes) send none."""
+MAX_REQUEST_BODY = 64 * 1024
+GZIP_LEVEL = 1  # text metrics shrink about tenfold even at the fastest level, which keeps a large fleet's scrape cheap
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """Whether an Accept-Encoding header allows gzip (q-values honoured: 'gzip;q=0' refuses it)."""
+    weights: dict[str, float] = {}
+    for part in (header or "").split(","):
+        coding, *params = (p.strip() for p in part.split(";"))
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        if coding:
+            weights[coding.lower()] = weight
+    return weights.get("gzip", weights.get("*", 0.0)) > 0
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _WebServer
     server_version = f"specwatch/{__version__}"
     sys_version = ""
+    # Keep-alive, as Prometheus expects of an exporter: every answer carries a Content-Length.
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # scrapes every few seconds would drown the daemon's own logs
+
+    def handle(self) -> None:
+        admit = self.server.app.admit
+        if admit is not None and not admit(self.connection):
+            return  # a client certificate outside client_allowed_sans: the connection ends unanswered
+        super().handle()
 
     def _send(
         self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", headers: dict[str, str] | None = None
@@ -29,24 +60,43 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Content-Type-Options", "nosniff")
-        for key, value in (headers or {}).items():
+        for key, value in {**self.server.app.headers, **(headers or {})}.items():
             self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _authorised(self) -> bool:
+    def _skip_body(self) -> bool:
+        """Read past the request's body so the connection can carry the next request; False when it cannot."""
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # a chunked body is not read: the connection ends after this answer
+            return True
+        length = self.headers.get("Content-Length", "0").strip() or "0"
+        if not length.isdigit():
+            self.close_connection = True
+            self._send(400, b"bad Content-Length\n")
+            return False
+        if int(length) > MAX_REQUEST_BODY:
+            self.close_connection = True
+            self._send(413, b"request body too large\n")
+            return False
+        if int(length):
+            self.rfile.read(int(length))
+        return True
+
+    def _authorised(self, path: str) -> bool:
         check = self.server.app.authorise
-        if check is None or check(self.headers.get("Authorization")):
+        if path in OPEN_PATHS or check is None or check(self.headers.get("Authorization")):
             return True
         self._send(401, b"Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="specwatch"'})
         return False
 
     def do_GET(self) -> None:
-        if not self._authorised():
-            return
         path = urlsplit(self.path).path
+        if not self._skip_body() or not self._authorised(path):
+            return
         app = self.server.app
         if path == "/metrics":
             try:
@@ -54,7 +104,11 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception as err:  # noqa: BLE001 - a broken scrape must answer, not kill the thread
                 self._send(500, f"error collecting metrics: {err.__class__.__name__}\n".encode())
                 return
-            self._send(200, body, content_type)
+            headers = {"Vary": "Accept-Encoding"}
+            if accepts_gzip(self.headers.get("Accept-Encoding")):
+                body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+                headers["Content-Encoding"] = "gzip"
+            self._send(200, body, content_type, headers)
         elif path == "/":
             self._send(200, app.page().encode(), "text/html; charset=utf-8")
         elif path == "/-/healthy":
@@ -70,9 +124,10 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET  # noqa: N815 - stdlib naming
 
     def do_POST(self) -> None:
-        if not self._authorised():
+        path = urlsplit(self.path).path
+        if not self._skip_body() or not self._authorised(path):
             return
-        if urlsplit(self.path).path != "/-/reload":
+        if path != "/-/reload":
             self._send(405, b"only /-/reload takes POST\n")
             return
         error = self.server.app.reload()
@@ -110,6 +165,8 @@ class WebApp:
         ready: Callable[[], bool] = lambda: True,
         authorise: Callable[[str | None], bool] | None = None,
         client_timeout: float = 30.0,
+        headers: dict[str, str] | None = None,
+        admit: Callable[[socket.socket], bool] | None = None,
     ) -> None:
         self.metrics = metrics
         """(body, content type) of a scrape, given its Accept header."""
@@ -118,8 +175,13 @@ class WebApp:
         self.reload = reload
         self.ready = ready
         self.authorise = authorise
-        # A client that stalls (mid-request or mid-TLS-handshake) gives up its thread after this long.
+        # A client that stalls (mid-request or mid-TLS-handshake), or keeps an idle connection open, gives up its
+        # thread after this long.
         self.client_timeout = client_timeout
+        self.headers = {"X-Content-Type-Options": "nosniff", **(headers or {})}
+        """Sent on every answer (web config's http_server_config.headers; a blank value unsets one)."""
+        self.admit = admit
+        """Decides, once per connection, whether its client may talk at all (client_allowed_sans)."""
         self._httpd: _WebServer | None = None
 
     def start(self, host: str, port: int, wrap_socket: Callable | None = None) -> tuple[str, int]:
