@@ -17,3 +17,14 @@ def test_with_keep_running_the_hint_shows_the_curl_and_the_page() -> None:
     hint = closing_hint(URL, keep_running=True)
     assert f"curl -s {URL} | grep -E 'specwatch_verdict|contradiction'" in hint
     assert "http://127.0.0.1:9824/ " in hint and "Ctrl-C" in hint
+
+
+def test_the_demo_config_is_valid(tmp_path) -> None:
+    from exporter.demo import demo_config
+    from exporter.settings import load_settings
+
+    path = tmp_path / "specwatch.yml"
+    path.write_text(demo_config({"plain": "http://127.0.0.1:8001", "draft": "http://127.0.0.1:8002"}))
+    settings = load_settings(path)
+    assert [s.name for s in settings.servers] == ["plain", "draft"]
+    assert settings.canary_timeout <= settings.canary_interval

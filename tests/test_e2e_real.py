@@ -71,7 +71,7 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
                      + (f", api_key_file: '{key_file}'" if name == "locked" else "") + "}")
     # The locked server once more, without its key: specwatch cannot check it.
     lines.append(f"  - {{name: unkeyed, url: '{servers['locked'].url}', labels: {{kind: unkeyed}}}}")
-    lines.append("poll_interval: 1s\npoll_timeout: 900ms\ncanary_interval: 3s\ncanary_timeout: 20s\n")
+    lines.append("poll_interval: 1s\npoll_timeout: 900ms\ncanary_interval: 3s\ncanary_timeout: 3s\n")
     config.write_text("\n".join(lines))
     port = free_port()
     log = workdir / "specwatch.log"

@@ -110,6 +110,14 @@ def _report(samples: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def demo_config(urls: dict[str, str]) -> str:
+    """The exporter's config for the demo's servers: short intervals, so the first verdicts come within seconds."""
+    return (
+        "servers:\n" + "".join(f"  - {{name: {name}, url: '{url}'}}\n" for name, url in urls.items())
+        + "poll_interval: 2s\npoll_timeout: 1500ms\ncanary_interval: 10s\ncanary_timeout: 10s\n"
+    )
+
+
 def closing_hint(metrics_url: str, *, keep_running: bool) -> str:
     """What the user can do next: curl the exporter only while it still runs."""
     if keep_running:
@@ -143,11 +151,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
                 servers.append(server)
                 say(f"started {kind:<6} llama-server at {server.url}  ({what})")
             config = workdir / "specwatch.yml"
-            config.write_text(
-                "servers:\n"
-                + "".join(f"  - {{name: {kind}, url: '{s.url}'}}\n" for (kind, _), s in zip(KINDS, servers, strict=True))
-                + "poll_interval: 2s\npoll_timeout: 1500ms\ncanary_interval: 10s\ncanary_timeout: 30s\n"
-            )
+            config.write_text(demo_config({kind: s.url for (kind, _), s in zip(KINDS, servers, strict=True)}))
             port = port or free_port()
             log = (workdir / "specwatch.log").open("w")
             exporter = subprocess.Popen(
