@@ -126,7 +126,7 @@ def test_check_refuses_bad_input_as_a_usage_error(args: tuple[str, ...], message
 
 
 def test_check_timeout_takes_a_duration() -> None:
-    from tests.faultserver import refused_url
+    from tests.support.net import refused_url
 
     result = _run("check", refused_url(), "--timeout", "1s", "--json")
     assert result.returncode == 2, result.stderr  # unchecked: nothing listens there

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.fakes import FakeLlama
-from tests.faultserver import ExporterProcess, FaultServer, wait_for
-from tests.metrics import scrape, value
+from tests.support.loopback import FaultServer
+from tests.support.metrics import scrape, value
+from tests.support.process import ExporterProcess, wait_for
+from tests.support.wire import FakeLlama
 
 
 def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_path: Path) -> None:

@@ -19,7 +19,10 @@ import httpx
 import pytest
 
 from exporter.daemon.web import WebApp, accepts_gzip
-from tests.faultserver import HOST, ExporterProcess, FaultServer, make_certs
+from tests.support.certs import make_certs
+from tests.support.loopback import FaultServer
+from tests.support.net import HOST
+from tests.support.process import ExporterProcess
 
 BODY = b"".join(b'specwatch_up{server="s%d"} 1\n' % i for i in range(2000))
 USER, PASSWORD = "prometheus", "scrape-secret"

@@ -10,9 +10,10 @@ import structlog
 import yaml
 
 from exporter.settings import ServerConfig
-from tests.fakes import FakeLlama
-from tests.faultserver import ExporterProcess, FaultServer, wait_for
-from tests.metrics import scrape, value
+from tests.support.loopback import FaultServer
+from tests.support.metrics import scrape, value
+from tests.support.process import ExporterProcess, wait_for
+from tests.support.wire import FakeLlama
 
 
 def rotate(path: Path, key: str) -> None:
