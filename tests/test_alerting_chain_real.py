@@ -27,7 +27,10 @@ from tests.support.chain import (
     prometheus_query,
     substitute,
 )
+from tests.support.faults import Status
+from tests.support.loopback import FaultServer
 from tests.support.process import Process, wait_until
+from tests.support.wire import FakeLlama
 
 pytestmark = pytest.mark.real
 
@@ -112,12 +115,14 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     model = write_cycle_model(work / "cycle.gguf")
     plain = LlamaServer.of_kind("plain", model, log_dir=work)
     draft = LlamaServer.of_kind("draft", model, log_dir=work)
+    # A server whose /completion fails: the canary failure panels have something to show.
+    broken = FaultServer(FakeLlama.plain(tokens=None)).play(Status(500), "/completion").start()
     receiver = WebhookReceiver().start()
     ports = {name: free_port() for name in ("specwatch", "prometheus", "alertmanager")}
     exporter, prometheus_address, alertmanager_address = (f"127.0.0.1:{ports[n]}" for n in ports)
     prometheus = f"http://{prometheus_address}"
 
-    config = _write(work / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url}))
+    config = _write(work / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url, "broken": broken.url}))
     specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
                                       "--log-level", "debug"], work)
     alertmanager = Process("alertmanager", [
@@ -159,6 +164,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
             process.stop()
         draft.stop()
         plain.stop()
+        broken.stop()
         receiver.stop()
 
 

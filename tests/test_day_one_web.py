@@ -31,7 +31,7 @@ USER, PASSWORD = "prometheus", "scrape-secret"
 @pytest.fixture
 def app():
     accepted: list[socket.socket] = []
-    web = WebApp(lambda accept: (BODY, "text/plain; version=0.0.4; charset=utf-8"), servers=lambda: [], reload=lambda: None)
+    web = WebApp(lambda accept: (BODY, "text/plain; version=0.0.4; charset=utf-8"), page=lambda: "", reload=lambda: None)
     host, port = web.start("127.0.0.1", 0)
     original = web._httpd.get_request  # type: ignore[union-attr]
 

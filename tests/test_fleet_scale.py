@@ -88,7 +88,7 @@ async def test_simulated_servers_answer_like_llama_server(monkeypatch) -> None:
     monkeypatch.setenv("SIMFLEET_TEST_KEY", "sim-key")
     with SimFleetThread(FleetOptions(servers=4, spec_share=0.5, latency_ms=1.0, api_key="sim-key")) as fleet:
         servers = [{"name": s.name, "url": s.url, "api_key_env": "SIMFLEET_TEST_KEY"} for s in fleet.servers]
-        settings = Settings(servers=servers, canary_tokens=16)
+        settings = Settings(servers=servers, canary_tokens=16, canary_tokens_speculating=16)
         client = new_client()
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes))
         try:

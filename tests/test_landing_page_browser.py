@@ -82,7 +82,7 @@ def test_landing_page_in_chromium(served: str, tmp_path: Path) -> None:
             assert by_name["draft-0"][4].endswith("s ago") and by_name["draft-0"][5].endswith("s ago")
             assert by_name["draft-0"][6] == "pool=eval"
             assert by_name["ngram-quiet"][2].startswith("/slots says the server speculates, but no canary drafted")
-            assert by_name["locked"][1:4] == ["unchecked", "could not poll the server: unauthorized: HTTP 401", "down (unauthorized)"]
+            assert by_name["locked"][1:4] == ["unchecked", "could not poll the server: unauthorized: HTTP 401 on /props", "down (unauthorized)"]
             assert by_name["locked"][4:6] == ["never", "never"]
             assert by_name[NEVER][1:4] == ["unchecked", "could not poll the server: not polled yet", "not polled yet"]
             assert by_name["plain-00"][1:4] == ["clean", "logprobs are real: every token carries its alternatives",

@@ -25,7 +25,7 @@ from tests.support.chain import (
     rule_files,
     runbook_anchors,
 )
-from tests.support.wire import FakeLlama
+from tests.support.wire import FakeLlama, FakeRouter
 
 # Series Prometheus makes itself, not the exporter: the scrape health and the alert state.
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
@@ -131,12 +131,15 @@ def test_every_alert_is_unit_tested_firing_with_exact_words_and_staying_quiet() 
 
 async def _full_exposition(make_watcher) -> str:
     """The real collector over a fleet that gives every metric family samples: clean, speculating, dead."""
+    router = FakeRouter(models={"hot": FakeLlama.draft(), "cold": FakeLlama.plain()}, status={"hot": "loaded"})
+    names = ("plain", "draft", "dead", "router")
     watcher = make_watcher(
-        {"plain": FakeLlama.plain(), "draft": FakeLlama.draft()},
-        servers=[{"name": n, "url": f"http://{n}:8080", "labels": {"pool": "eval"}} for n in ("plain", "draft", "dead")],
+        {"plain": FakeLlama.plain(), "draft": FakeLlama.draft(), "router": router},
+        servers=[{"name": n, "url": f"http://{n}:8080", "labels": {"pool": "eval"}} for n in names],
     )
-    for name in ("plain", "draft", "dead"):
+    for name in names:
         await asyncio.gather(watcher.poll(name), watcher.canary(name))
+    await watcher.canary("router", "hot")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0)))
     return generate_latest(registry).decode()

@@ -105,9 +105,9 @@ async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> Non
         for kind in ("poll", "canary"):
             probe = getattr(watcher, kind)
 
-            async def counted(name: str, probe=probe, kind=kind) -> None:
+            async def counted(name: str, *args: object, probe=probe, kind=kind) -> None:
                 runs[kind].append((name, time.monotonic()))
-                await probe(name)
+                await probe(name, *args)
 
             setattr(watcher, kind, counted)
         registry = CollectorRegistry(auto_describe=False)
@@ -183,9 +183,10 @@ async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> Non
     assert peak_tasks <= 4 * SERVERS + 10, figures
     assert after <= 2, figures  # nothing left behind once the schedule stops
     expected_polls = window / POLL_INTERVAL
-    expected_canaries = window / CANARY_INTERVAL
     assert expected_polls * 0.8 <= polls[0] and polls[-1] <= expected_polls + 2, figures
-    assert expected_canaries * 0.7 <= canaries[0] and canaries[-1] <= expected_canaries + 2, figures
+    # Canaries follow the polls that succeed: a rotation round per interval, and a full round when a server comes
+    # back, at most once per interval; chaos must not turn into a canary storm.
+    assert sum(canaries) > 0 and canaries[-1] <= 2 * window / CANARY_INTERVAL + 2, figures
     assert Reason.INTERNAL.value not in reasons, figures
     assert len(reasons) >= 5, figures  # the chaos really produced a mix of failures
     assert exposition.count("specwatch_up{") == SERVERS

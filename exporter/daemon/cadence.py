@@ -25,11 +25,15 @@ def due(model: ModelState, now: float, *, interval: float) -> Round | None:
     A model that cannot answer (its poll failed, or a router has it unloaded) gets nothing: canaries would only
     fail, or load it. A change seen by the poll gets every endpoint at once. Otherwise one endpoint per `interval`,
     the one canaried longest ago, so each endpoint is confirmed every `interval` x endpoints; an endpoint whose last
-    canary failed is retried after one `interval` instead of waiting its turn.
+    canary failed is retried after one `interval` instead of waiting its turn. A model that comes back after a failed
+    poll gets every endpoint too, but at most once per `interval`: a flapping server must not cost a round a poll.
     """
     if model.poll is None or not model.loaded or not model.endpoints:
         return None
-    if model.full_round_due:
+    if model.full_round_due in ("new", "changed"):
+        return Round(model.endpoints, full=True, rotation=True)
+    # A server that keeps failing and recovering would otherwise get a full round at every recovery.
+    if model.full_round_due == "back" and (model.full_round_at is None or now - model.full_round_at >= interval):
         return Round(model.endpoints, full=True, rotation=True)
 
     def age(endpoint: Endpoint) -> float:

@@ -57,8 +57,11 @@ class ModelState:
     """Why the last poll of it (or of its server) failed, as "reason: detail"."""
     seen: tuple[object, ...] | None = None
     """The fingerprint of the last good poll, kept through failures so a restart with the same setup is told apart."""
-    full_round_due: bool = True
-    """A canary of every endpoint is due: the model is new, changed, or came back."""
+    full_round_due: str | None = "new"
+    """Why a canary of every endpoint is due, if one is: "new" (first seen), "changed" (another build, model, slots,
+    context or speculation), "back" (answering again after a failed poll or an unload)."""
+    full_round_at: float | None = None
+    """Unix time the last round of every endpoint began."""
     rotated_at: float | None = None
     """Unix time the last canary round began (one endpoint in turn, or all of them)."""
     canaries: Mapping[Endpoint, CanaryState] = field(default_factory=lambda: _EMPTY)
@@ -121,7 +124,7 @@ class ModelState:
         """This model under a reloaded endpoint list: dropped endpoints vanish, added ones make a full round due."""
         return replace(
             self, endpoints=endpoints, canaries=MappingProxyType({e: c for e, c in self.canaries.items() if e in endpoints}),
-            full_round_due=self.full_round_due or bool(set(endpoints) - set(self.endpoints)),
+            full_round_due=self.full_round_due or ("changed" if set(endpoints) - set(self.endpoints) else None),
         )
 
     def polled(self, found: ModelPoll) -> ModelState:
@@ -133,10 +136,12 @@ class ModelState:
             return replace(self, status=found.status, poll=None, poll_failure=str(failure) if failure else "no answer")
         now_seen = fingerprint(found.result)
         changed = now_seen != self.seen
-        came_back = self.poll is None
+        if changed and self.seen is not None:
+            due: str | None = "changed"
+        else:
+            due = self.full_round_due or ("back" if self.poll is None else None)
         return replace(
-            self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen,
-            full_round_due=self.full_round_due or changed or came_back,
+            self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen, full_round_due=due,
             # Verdicts of what ran before a change say nothing about what runs now.
             canaries=_EMPTY if changed and self.seen is not None else self.canaries,
         )
@@ -257,7 +262,7 @@ class Fleet:
         """A canary round began: the next one is due a canary_interval from now; a full one is no longer due."""
         change: dict[str, object] = {"rotated_at": now}
         if full:
-            change["full_round_due"] = False
+            change.update(full_round_due=None, full_round_at=now)
         return self._update_model(name, key, change)
 
     def record_unloaded(self, name: str, key: str) -> Change | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,11 +53,17 @@ class Watcher:
         self.fetcher = fetcher
         self._clock = clock
         self._monotonic = monotonic
-        self._limit = asyncio.Semaphore(settings.max_concurrency)
-        self._concurrency = settings.max_concurrency
+        self._set_limits(settings.max_concurrency)
         self._in_flight: set[tuple[str, ...]] = set()
         self._rounds: set[asyncio.Task[None]] = set()
         self._streaks: dict[tuple[str, ...], _Streak] = {}
+
+    def _set_limits(self, concurrency: int) -> None:
+        # Probes in flight release the semaphores they took; new ones queue on the new ones. Canaries may hold half
+        # the slots at most: a burst of them (an exporter start, a fleet-wide restart) must never delay the polls.
+        self._limit = asyncio.Semaphore(concurrency)
+        self._canary_limit = asyncio.Semaphore(max(1, concurrency // 2))
+        self._concurrency = concurrency
 
     @property
     def concurrency(self) -> int:
@@ -66,9 +73,7 @@ class Watcher:
     def apply(self, settings: Settings, servers: list[ServerConfig]) -> None:
         """Adopt reloaded settings: every key takes effect from the next probe on."""
         if settings.max_concurrency != self.settings.max_concurrency:
-            # Probes in flight release the semaphore they took; new ones queue on the new one.
-            self._limit = asyncio.Semaphore(settings.max_concurrency)
-            self._concurrency = settings.max_concurrency
+            self._set_limits(settings.max_concurrency)
         self.fetcher.max_bytes = settings.max_response_bytes
         self.settings = settings
         self.fleet.reconcile(servers, settings.canary_endpoints)
@@ -82,8 +87,10 @@ class Watcher:
             task.cancel()
         await asyncio.gather(*rounds, return_exceptions=True)
 
-    async def _measure(self, run: Callable[[], Awaitable[T]], timeout: float) -> tuple[T | None, Reason | None, str, float]:
-        async with self._limit:
+    async def _measure(
+        self, run: Callable[[], Awaitable[T]], timeout: float, *, canary: bool = False
+    ) -> tuple[T | None, Reason | None, str, float]:
+        async with self._canary_limit if canary else contextlib.nullcontext(), self._limit:
             started = self._monotonic()
             try:
                 async with asyncio.timeout(timeout):
@@ -176,6 +183,7 @@ class Watcher:
                     self.fetcher, server, endpoint, tokens=tokens, timeout=timeout, model=key or None
                 ),
                 timeout,
+                canary=True,
             )
             where = {"server": name, **({"model": key} if key else {}), "endpoint": endpoint.value}
             if reason is Reason.NOT_LOADED:

@@ -476,8 +476,10 @@ class FakeRouter(Lookalike):
     # sleeping one stays resident: reading its /props leaves it asleep, a completion wakes it.
 
     def __post_init__(self) -> None:
-        for name in self.models:
+        for name, model in self.models.items():
             self.status.setdefault(name, "unloaded")
+            # A real router starts each model's server with --alias ID: /props and answers name the model by its id.
+            model.model_alias = name
         unknown = {s for s in self.status.values() if s not in STATUSES} | (set(self.status) - set(self.models))
         if unknown:
             raise ValueError(f"unknown models or statuses: {sorted(unknown)}")

@@ -1,0 +1,86 @@
+"""When canaries are due: at once after a change, one endpoint per interval otherwise, none for a model that cannot answer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from exporter.daemon.cadence import due
+from exporter.daemon.state import CanaryState, ModelState
+from exporter.probe.canary import Endpoint, Tally
+from exporter.probe.llama import Props, Slots
+from exporter.probe.probes import ModelPoll, PollResult
+from exporter.reasons import Reason
+
+ENDPOINTS = (Endpoint.COMPLETION, Endpoint.CHAT, Endpoint.CHAT_STREAM)
+INTERVAL = 60.0
+
+
+def _result(*, speculative: bool = False, build: str = "b1") -> PollResult:
+    return PollResult(Props("none", 1, "m.gguf", build, 2048), Slots(1, speculative))
+
+
+def _polled(model: ModelState | None = None, **kw: object) -> ModelState:
+    return (model or ModelState("", ENDPOINTS)).polled(ModelPoll("loaded", _result(**kw)))
+
+
+def _after_round(model: ModelState, now: float, endpoints: tuple[Endpoint, ...] = ENDPOINTS, *, ok: bool = True,
+                 full: bool = True) -> ModelState:
+    canaries = dict(model.canaries)
+    for endpoint in endpoints:
+        canaries[endpoint] = CanaryState(0.1, now, Tally(8, 0, -0.3, None, None) if ok else None,
+                                         now if ok else None, None if ok else Reason.TIMEOUT)
+    changed = {"canaries": canaries, "rotated_at": now}
+    if full:
+        changed.update(full_round_due=None, full_round_at=now)
+    return replace(model, **changed)
+
+
+def test_a_new_model_gets_every_endpoint_at_once() -> None:
+    found = due(_polled(), 0.0, interval=INTERVAL)
+    assert found is not None and found.endpoints == ENDPOINTS and found.full
+
+
+def test_nothing_is_due_for_a_model_that_cannot_answer() -> None:
+    never_polled = ModelState("", ENDPOINTS)
+    failed = replace(_polled(), poll=None, poll_failure="timeout: no answer")
+    unloaded = _polled().polled(ModelPoll("unloaded"))
+    assert [due(m, 0.0, interval=INTERVAL) for m in (never_polled, failed, unloaded)] == [None, None, None]
+
+
+def test_a_steady_model_gets_one_endpoint_per_interval_in_turn() -> None:
+    model = _after_round(_polled(), 0.0)
+    assert due(model, 59.0, interval=INTERVAL) is None
+    seen = []
+    now = 60.0
+    for _ in range(6):
+        found = due(model, now, interval=INTERVAL)
+        assert found is not None and len(found.endpoints) == 1 and not found.full
+        seen.append(found.endpoints[0])
+        model = _after_round(model, now, found.endpoints, full=False)
+        now += INTERVAL
+    assert seen == list(ENDPOINTS) * 2  # every endpoint confirmed every interval x endpoints
+
+
+def test_a_change_seen_by_the_poll_makes_a_full_round_due_at_once() -> None:
+    model = _after_round(_polled(), 0.0)
+    for change in ({"speculative": True}, {"build": "b2"}):
+        changed = _polled(model, **change)
+        found = due(changed, 1.0, interval=INTERVAL)
+        assert found is not None and found.full, change
+        assert changed.canaries == {}  # what ran before the change says nothing about what runs now
+
+
+def test_a_model_that_comes_back_gets_a_full_round_at_most_once_per_interval() -> None:
+    model = _after_round(_polled(), 0.0)
+    back = _polled(replace(model, poll=None, poll_failure="connection_refused: down"))
+    assert back.canaries == model.canaries  # same fingerprint: its verdict holds until the round ends
+    assert due(back, 30.0, interval=INTERVAL) is None  # a full round 30 s ago: a flapping server costs no more
+    found = due(back, 61.0, interval=INTERVAL)
+    assert found is not None and found.full
+
+
+def test_a_failing_endpoint_is_retried_after_one_interval_besides_the_rotation() -> None:
+    model = _after_round(_polled(), 0.0)
+    model = _after_round(model, 60.0, (Endpoint.COMPLETION,), ok=False, full=False)
+    found = due(model, 120.0, interval=INTERVAL)
+    assert found is not None and set(found.endpoints) == {Endpoint.CHAT, Endpoint.COMPLETION}
