@@ -221,16 +221,21 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"specwatch: {err}", file=sys.stderr)
         return EX_CONFIG
-    from exporter.daemon.run import Daemon, watched_servers
+    from exporter.daemon.run import Daemon, preview
 
     if args.check_config:
         for warning in settings.warnings:
             print(f"specwatch: warning: {warning}", file=sys.stderr)
         if settings.default_target:
             print(f"specwatch: note: {DEFAULT_TARGET_NOTE}", file=sys.stderr)
-        servers = watched_servers(settings, args.shard)
+        # Discovery sources are read once, as the daemon would at start; what they refuse is logged to stderr.
+        logs.configure("warning", json=False, stream=sys.stderr)
+        servers, sources = asyncio.run(preview(settings, args.shard))
         print(f"config OK: {len(servers)} server(s) to watch, poll every {settings.poll_interval:g}s, "
               f"canary every {settings.canary_interval:g}s")
+        for source in sources:
+            state = "read" if source.ok else "REFUSED (see above; its targets are not watched)"
+            print(f"  {source.source}: {source.targets} target(s), {state}")
         for server in servers:
             key = "api key from file" if server.api_key_file else "api key from env" if server.api_key_env else "no api key"
             model = f", model {server.model}" if server.model else ""

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import structlog
@@ -43,7 +43,9 @@ INTERVAL_FLOOR = 1.0
 TIMEOUT_FLOOR = 0.1
 DEFAULT_POLL_INTERVAL, DEFAULT_CANARY_INTERVAL = 15.0, 60.0
 DEFAULT_POLL_TIMEOUT, DEFAULT_CANARY_TIMEOUT = 5.0, 30.0
-RESERVED_LABELS = frozenset({"server", "endpoint", "source", "reason", "version", "job", "instance"})
+# Labels specwatch's own series carry, and the target labels the alert rules aggregate away (instance, pod).
+RESERVED_LABELS = frozenset({"server", "model", "endpoint", "source", "reason", "outcome", "verdict", "build", "version",
+                             "job", "instance", "pod"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -231,6 +233,36 @@ def _server_root(url: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
+def checked_key_env(name: str | None, info: ValidationInfo) -> str | None:
+    """An api_key_env that names a set, usable variable, and comes without api_key_file."""
+    if name is None:
+        return None
+    if info.data.get("api_key_file") is not None:
+        raise ValueError("set api_key_file or api_key_env, not both")
+    key = os.environ.get(name, "").strip()
+    if not key:
+        raise ValueError(f"environment variable {name!r} (api_key_env) is unset or empty")
+    _checked_key(key, f"environment variable {name!r} (api_key_env)")
+    return name
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Static labels as specwatch accepts them: valid Prometheus names, not internal, not one of specwatch's own."""
+    problems = []
+    internal = sorted(k for k in labels if k.startswith("__"))
+    if internal:
+        problems.append(f"label name(s) {internal} start with '__', which Prometheus reserves for its own labels")
+    invalid = sorted(k for k in labels if not _LABEL_NAME.match(k))
+    if invalid:
+        problems.append(f"invalid label name(s) {invalid}: use [a-zA-Z_][a-zA-Z0-9_]*")
+    reserved = sorted(set(labels) & RESERVED_LABELS)
+    if reserved:
+        problems.append(f"label name(s) {reserved} are reserved by specwatch")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return labels
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -282,19 +314,7 @@ class ServerConfig(BaseModel):
     @field_validator("labels")
     @classmethod
     def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        problems = []
-        internal = sorted(k for k in labels if k.startswith("__"))
-        if internal:
-            problems.append(f"label name(s) {internal} start with '__', which Prometheus reserves for its own labels")
-        invalid = sorted(k for k in labels if not _LABEL_NAME.match(k))
-        if invalid:
-            problems.append(f"invalid label name(s) {invalid}: use [a-zA-Z_][a-zA-Z0-9_]*")
-        reserved = sorted(set(labels) & RESERVED_LABELS)
-        if reserved:
-            problems.append(f"label name(s) {reserved} are reserved by specwatch")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return labels
+        return check_labels(labels)
 
     # The key sources are checked by field validators, not after the model: those run even when another field
     # (a bad URL) fails, so one message lists a missing key file too.
@@ -308,15 +328,7 @@ class ServerConfig(BaseModel):
     @field_validator("api_key_env")
     @classmethod
     def _check_key_env(cls, name: str | None, info: ValidationInfo) -> str | None:
-        if name is None:
-            return None
-        if info.data.get("api_key_file") is not None:
-            raise ValueError("set api_key_file or api_key_env, not both")
-        key = os.environ.get(name, "").strip()
-        if not key:
-            raise ValueError(f"environment variable {name!r} (api_key_env) is unset or empty")
-        _checked_key(key, f"environment variable {name!r} (api_key_env)")
-        return name
+        return checked_key_env(name, info)
 
     @model_validator(mode="after")
     def _keep_env_key(self) -> ServerConfig:
@@ -330,6 +342,61 @@ class ServerConfig(BaseModel):
         if self.api_key_file is not None:
             return KEY_FILES.get(self.api_key_file)
         return self._env_key
+
+
+class _DiscoveredServers(BaseModel):
+    """What every target a discovery source finds is watched with: scheme, static labels, API key, timeout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scheme: Literal["http", "https"] = "http"
+    labels: dict[str, str] = Field(default_factory=dict)
+    api_key_file: Path | None = None
+    api_key_env: str | None = None
+    timeout: Timeout | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        return check_labels(labels)
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _check_key_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            KEY_FILES.load(path)
+        return path
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, name: str | None, info: ValidationInfo) -> str | None:
+        return checked_key_env(name, info)
+
+
+class FileSDConfig(_DiscoveredServers):
+    """Prometheus file_sd target files (JSON or YAML lists of {targets, labels}), re-read when they change."""
+
+    files: list[str] = Field(min_length=1)
+    """Paths or globs (`*` in the file name), as in Prometheus' file_sd_configs."""
+    refresh_interval: Interval = 10.0
+    """How often the files are checked for changes (a stat each): cheap, so short."""
+
+
+class HttpSDConfig(_DiscoveredServers):
+    """A Prometheus http_sd endpoint (a JSON list of {targets, labels}), fetched every refresh_interval."""
+
+    url: str
+    refresh_interval: Interval = 60.0
+
+    @field_validator("url")
+    @classmethod
+    def _check_sd_url(cls, url: str) -> str:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{_server_root(url)!r} is not an http:// or https:// URL with a host")
+        if parts.username or parts.password:
+            raise ValueError("credentials in the URL are not allowed")
+        return url.strip()
 
 
 @dataclass
@@ -377,12 +444,14 @@ def _origin(key: str) -> str:
 def missing_fleet(data: Any, *, config_file: bool) -> str | None:
     """Why a configuration watches nothing, or None: the one place that decides whether a fleet is configured.
 
-    Static `servers` are the only source today; discovery sources (file_sd_configs, http_sd_configs) will count
-    here too. With no configuration at all the default target is watched; a config file, or SPECWATCH_SERVERS,
-    that lists no servers is refused, so an emptied or truncated file never unwatches a fleet on reload.
+    Static `servers` and discovery sources (file_sd_configs, http_sd_configs) count. With no configuration at all the
+    default target is watched; a config file, or SPECWATCH_SERVERS, that lists neither servers nor a discovery
+    source is refused, so an emptied or truncated file never unwatches a fleet on reload.
     """
     if not isinstance(data, dict):
         return None
+    if data.get("file_sd_configs") or data.get("http_sd_configs"):
+        return None  # discovery supplies the servers; an empty discovery result is a ticket, not a refusal
     if "servers" not in data:
         return NO_SERVERS if config_file else None
     servers = data["servers"]
@@ -477,6 +546,8 @@ class Settings(BaseSettings):
     max_concurrency: int = Field(default=64, ge=1, le=10_000)
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     shard: str | None = None
+    file_sd_configs: list[FileSDConfig] = Field(default_factory=list)
+    http_sd_configs: list[HttpSDConfig] = Field(default_factory=list)
 
     _default_target: bool = PrivateAttr(default=False)
     _warnings: tuple[str, ...] = PrivateAttr(default=())
@@ -518,13 +589,15 @@ class Settings(BaseSettings):
         if isinstance(data, dict):
             data, timing = _timeouts(data)
             problems += timing
+            if "servers" not in data and (data.get("file_sd_configs") or data.get("http_sd_configs")):
+                data = {**data, "servers": []}  # discovery alone: no default target beside it
         try:
             settings = handler(data)
         except ValidationError as err:
             raise ConfigError(_describe(err, data) + problems) from None
         if problems:
             raise ConfigError(problems)
-        settings._default_target = isinstance(data, dict) and "servers" not in data
+        settings._default_target = isinstance(data, dict) and "servers" not in data and not settings.discovers
         return settings
 
     @classmethod
@@ -542,6 +615,11 @@ class Settings(BaseSettings):
         if loading is not None and loading.file_data is not None:
             sources.append(_FileSource(settings_cls, loading.file_data))
         return tuple(sources)
+
+    @property
+    def discovers(self) -> bool:
+        """Whether discovery sources supply servers beside (or instead of) the static ones."""
+        return bool(self.file_sd_configs or self.http_sd_configs)
 
     def timeout_for(self, server: ServerConfig, *, canary: bool) -> float:
         """The one place a probe gets its timeout: the server's own `timeout`, else poll_timeout or canary_timeout."""

@@ -141,7 +141,7 @@ async def test_fast_exposition_is_byte_identical_to_generate_latest(make_watcher
         {"name": "draft", "url": "http://draft:8080", "labels": {"pool": "eval"}},
         {"name": "noslots", "url": "http://noslots:8080"},
         {"name": "locked", "url": "http://locked:8080", "api_key_env": "FLEET_KEY"},
-        {"name": "odd", "url": "http://odd:8080", "labels": {"model": "user-model", "aaa": "first"}},
+        {"name": "odd", "url": "http://odd:8080", "labels": {"family": "user-model", "aaa": "first"}},
         {"name": "gone", "url": "http://gone:8080"},
     ]
     watcher = make_watcher(fakes, servers=servers, canary_tokens=8)

@@ -35,6 +35,9 @@ CHANGES: dict[str, tuple[Any, Callable[[Daemon], bool]]] = {
     "max_concurrency": (3, lambda d: d.watcher.concurrency == 3),
     "max_response_bytes": (2048, lambda d: d.watcher.fetcher.max_bytes == 2048),
     "shard": ("1/2", lambda d: 0 < len(d.fleet.snapshot()) < len(SERVERS)),
+    # "{tmp}" is the test's own directory, where a target file waits.
+    "file_sd_configs": ([{"files": ["{tmp}/targets-*.json"]}], lambda d: "10.9.9.9:8080" in {s.config.name for s in d.fleet.snapshot()}),
+    "http_sd_configs": ([{"url": "http://127.0.0.1:9/sd"}], lambda d: [s.source for s in d.discovery.status()] == ["http_sd[0]"]),
 }
 
 
@@ -46,13 +49,16 @@ def test_the_table_covers_every_settings_key() -> None:
 async def test_a_reloaded_key_takes_effect(key: str, tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
     config.write_text(yaml.safe_dump({"servers": SERVERS}))
+    (tmp_path / "targets-a.json").write_text('[{"targets": ["10.9.9.9:8080"]}]')
     daemon = Daemon(config, load_settings(config))
     try:
         new, shows = CHANGES[key]
         assert not shows(daemon), f"{key}: the check passes before the reload, so it proves nothing"
+        new = yaml.safe_load(yaml.safe_dump(new).replace("{tmp}", str(tmp_path)))
         config.write_text(yaml.safe_dump({"servers": SERVERS, key: new}))
         assert await daemon.reload() is None
         assert shows(daemon), f"{key} did not take effect on reload"
     finally:
         daemon.schedule.shutdown()
+        await daemon.discovery.close()
         await daemon.client.aclose()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.discovery import SourceStatus
 from tests.support.chain import (
     ALERTS,
     EXAMPLES,
@@ -32,7 +33,7 @@ PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
 ANNOTATIONS = ("summary", "description", "runbook_url")
 # Series about an exporter rather than a watched server: their alerts name the exporter, not a server.
 EXPORTER_LEVEL = frozenset({"up", "specwatch_config_last_reload_successful", "specwatch_build_info", "specwatch_servers",
-                            "specwatch_configured_servers"})
+                            "specwatch_configured_servers", "specwatch_discovery_refresh_successful"})
 # Alerts about the whole fleet of a job: they aggregate servers away and name the job.
 FLEET_LEVEL = frozenset({"SpecwatchFleetUnwatched", "SpecwatchNoServers"})
 
@@ -141,7 +142,9 @@ async def _full_exposition(make_watcher) -> str:
         await asyncio.gather(watcher.poll(name), watcher.canary(name))
     await watcher.canary("router", "hot")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0)))
+    sources = (SourceStatus("file_sd[0]", 3, True, 1_699_999_000.0),)
+    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0,
+                                                                               discovery=sources)))
     return generate_latest(registry).decode()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.daemon.run import watched_servers
+from exporter.daemon.run import shard_of
 from exporter.daemon.shard import hashmod, select
 from exporter.demo.llamaserver import free_port
 from exporter.settings import Settings
@@ -31,6 +31,10 @@ RFC1321 = {
     "abc": "900150983cd24fb0d6963f7d28e17f72",
     "message digest": "f96b697d7cb7938d525a2f31aaf161d0",
 }
+
+
+def watched_servers(settings: Settings, shard: str | None = None) -> list:
+    return shard_of(list(settings.servers), shard or settings.shard)
 
 
 @pytest.fixture(scope="module")

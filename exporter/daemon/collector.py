@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from exporter import __version__
+from exporter.daemon.discovery import SourceStatus
 from exporter.daemon.state import Fleet, ModelState, ServerState
 from exporter.settings import ServerConfig
 from exporter.verdict import Verdict
@@ -26,6 +27,7 @@ class ExporterStatus:
     last_reload_success_timestamp: float | None = None
     configured_servers: int | None = None
     """Servers in the config, static and discovered, before sharding; None: the ones watched."""
+    discovery: tuple[SourceStatus, ...] = ()
 
 
 def _seconds(value: float) -> str:
@@ -235,6 +237,17 @@ def _exporter_samples(out: Out, status: ExporterStatus, servers: int) -> list[_F
             "specwatch_config_last_reload_success_timestamp_seconds", "gauge",
             "Unix time of the last successful configuration load or reload.",
         ))
+    if status.discovery:
+        families += [
+            _Family("specwatch_discovery_targets", "gauge", "Servers a discovery source (file_sd, http_sd) gives now."),
+            _Family(
+                "specwatch_discovery_refresh_successful", "gauge",
+                "1 when the source's last refresh was accepted; 0 when a file or answer was refused (its old targets stay).",
+            ),
+            _Family(
+                "specwatch_discovery_last_success_timestamp_seconds", "gauge", "Unix time of the source's last good refresh."
+            ),
+        ]
     if isinstance(out, _Families):
         for family in families:
             out.gauge(family.name, family.doc)
@@ -247,6 +260,13 @@ def _exporter_samples(out: Out, status: ExporterStatus, servers: int) -> list[_F
     out.add("specwatch_config_last_reload_successful", None, _NO_EXTRA, 1 if status.reload_successful else 0)
     if status.last_reload_success_timestamp is not None:
         out.add("specwatch_config_last_reload_success_timestamp_seconds", None, _NO_EXTRA, status.last_reload_success_timestamp)
+    for source in status.discovery:
+        where = (("source", source.source),)
+        out.add("specwatch_discovery_targets", None, where, source.targets)
+        if source.ok is not None:
+            out.add("specwatch_discovery_refresh_successful", None, where, int(source.ok))
+        if source.last_success_timestamp is not None:
+            out.add("specwatch_discovery_last_success_timestamp_seconds", None, where, source.last_success_timestamp)
     return families
 
 

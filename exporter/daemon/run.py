@@ -14,6 +14,7 @@ import structlog
 from exporter import __version__
 from exporter.daemon import landing
 from exporter.daemon.collector import ExporterStatus, Exposition
+from exporter.daemon.discovery import Discovery, SourceStatus, targets_out
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.shard import select
 from exporter.daemon.state import Fleet
@@ -25,16 +26,34 @@ from exporter.settings import ConfigError, ServerConfig, Settings, load_settings
 log = structlog.get_logger("specwatch")
 
 
-def watched_servers(settings: Settings, shard: str | None = None) -> list[ServerConfig]:
+def configured_servers(settings: Settings, discovery: Discovery) -> list[ServerConfig]:
+    """Every server of the config: the static ones, then the discovered ones (a name already taken is skipped)."""
+    static = list(settings.servers)
+    return static + discovery.servers(taken=(s.name for s in static))
+
+
+def shard_of(servers: list[ServerConfig], shard: str | None) -> list[ServerConfig]:
     """The servers this replica watches: all of them, or its hash-based share when sharded."""
-    chosen = shard or settings.shard
-    if chosen is None:
-        return list(settings.servers)
-    index, count = parse_shard(chosen)
-    return select(settings.servers, lambda s: s.name, index, count)
+    if shard is None:
+        return list(servers)
+    index, count = parse_shard(shard)
+    return select(servers, lambda s: s.name, index, count)
+
+
+async def preview(settings: Settings, shard: str | None = None) -> tuple[list[ServerConfig], tuple[SourceStatus, ...]]:
+    """What a daemon would watch with these settings: the static servers and one read of every discovery source."""
+    discovery = Discovery()
+    discovery.configure(settings)
+    try:
+        await discovery.refresh_all()
+        return shard_of(configured_servers(settings, discovery), shard or settings.shard), discovery.status()
+    finally:
+        await discovery.close()
 
 
 class Daemon:
+    """`specwatch run`: the static servers and the discovered ones, watched, exported, reloadable."""
+
     def __init__(
         self,
         config_path: Path | None,
@@ -47,21 +66,48 @@ class Daemon:
         self.shard = shard
         self.overrides = overrides or {}
         self.settings = settings
-        servers = watched_servers(settings, shard)
+        self.discovery = Discovery(on_change=self._discovered)
+        self.discovery.configure(settings)
+        servers = self._watched()
         self.fleet = Fleet(servers, settings.canary_endpoints)
         self.client = new_client()
         self.watcher = Watcher(settings, self.fleet, Fetcher(self.client, settings.max_response_bytes))
         self.schedule = Schedule(self.watcher)
-        self.status = ExporterStatus(
-            poll_interval=settings.poll_interval,
-            canary_interval=settings.canary_interval,
-            last_reload_success_timestamp=time.time(),
-            configured_servers=len(settings.servers),
-        )
-        self.exposition = Exposition(self.fleet, lambda: self.status)
+        self.status = self._status(reload_successful=True)
+        # Discovery sources refresh on their own: each scrape reads their state as it is.
+        self.exposition = Exposition(self.fleet, lambda: replace(self.status, discovery=self.discovery.status()))
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._reload_lock = asyncio.Lock()
+
+    def _configured(self) -> list[ServerConfig]:
+        return configured_servers(self.settings, self.discovery)
+
+    def _watched(self) -> list[ServerConfig]:
+        return shard_of(self._configured(), self.shard or self.settings.shard)
+
+    def _status(self, *, reload_successful: bool) -> ExporterStatus:
+        return ExporterStatus(
+            poll_interval=self.settings.poll_interval,
+            canary_interval=self.settings.canary_interval,
+            reload_successful=reload_successful,
+            last_reload_success_timestamp=time.time(),
+            configured_servers=len(self._configured()),
+            discovery=self.discovery.status(),
+        )
+
+    def _apply(self) -> list[ServerConfig]:
+        """Bring watcher, schedule and status in step with the current settings and discovered servers."""
+        servers = self._watched()
+        self.watcher.apply(self.settings, servers)
+        self.schedule.sync(servers)
+        self.status = replace(self.status, configured_servers=len(self._configured()), discovery=self.discovery.status(),
+                              poll_interval=self.settings.poll_interval, canary_interval=self.settings.canary_interval)
+        return servers
+
+    def _discovered(self) -> None:
+        servers = self._apply()
+        log.info("discovery_applied", servers=len(servers), configured=self.status.configured_servers)
 
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
@@ -69,32 +115,35 @@ class Daemon:
             page=self.landing_page,
             reload=self.reload_from_thread,
             authorise=authorise,
+            sd=self.sd,
         )
 
     def landing_page(self) -> str:
         now = time.time()
         return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now)])
 
+    def sd(self, verdict: str | None) -> list[dict[str, Any]]:
+        """GET /sd: the watched llama-servers as Prometheus http_sd target groups."""
+        return targets_out(self.fleet.snapshot(), verdict)
+
     async def reload(self) -> str | None:
         """Load the config again; a bad one is refused and the running one stays. Returns the error, if any."""
         async with self._reload_lock:
             try:
                 settings = load_settings(self.config_path, **self.overrides)
-                servers = watched_servers(settings, self.shard)
+                if self.shard is None and settings.shard is not None:
+                    parse_shard(settings.shard)
             except (ConfigError, ValueError) as err:
                 self.status = replace(self.status, reload_successful=False)
                 log.error("reload_failed", error=str(err))
                 return str(err)
             self.settings = settings
-            self.watcher.apply(settings, servers)
-            self.schedule.sync(servers)
-            self.status = ExporterStatus(
-                poll_interval=settings.poll_interval,
-                canary_interval=settings.canary_interval,
-                reload_successful=True,
-                last_reload_success_timestamp=time.time(),
-                configured_servers=len(settings.servers),
-            )
+            self.discovery.configure(settings)
+            await self.discovery.refresh_all()
+            if self.loop is not None:
+                self.discovery.start()
+            servers = self._apply()
+            self.status = self._status(reload_successful=True)
             log.info("reloaded", servers=len(servers))
             for warning in settings.warnings:
                 log.warning("config_warning", warning=warning)
@@ -114,7 +163,10 @@ class Daemon:
         self._stopping = asyncio.Event()
         app = web or self.web_app()
         bound_host, bound_port = app.start(host, port, wrap_socket)
-        servers = [s.config for s in self.fleet.snapshot()]
+        # Discovered targets are watched from the start: read every source once before the schedule begins.
+        await self.discovery.refresh_all()
+        servers = self._apply()
+        self.status = self._status(reload_successful=True)
         log.info(
             "started", version=__version__, listen=f"{bound_host}:{bound_port}", servers=len(servers),
             poll_interval=self.settings.poll_interval, canary_interval=self.settings.canary_interval,
@@ -125,6 +177,7 @@ class Daemon:
                 self.loop.add_signal_handler(sig, handler)
             except (NotImplementedError, RuntimeError):
                 pass  # not the main thread (tests): signals are not ours to take
+        self.discovery.start()
         self.schedule.start(servers)
         try:
             await self._stopping.wait()
@@ -132,5 +185,6 @@ class Daemon:
             log.info("stopping")
             self.schedule.shutdown()
             await self.watcher.close()
+            await self.discovery.close()
             app.stop()
             await self.client.aclose()

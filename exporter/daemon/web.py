@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import json
 import socket
 import ssl
 import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from exporter import __version__
+from exporter.verdict import Verdict
 
 DEFAULT_PORT = 9824
+VERDICTS = tuple(v.value for v in Verdict)
 OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
 """Answered without credentials: they reveal nothing, and liveness probes (Docker, Kubernetes) send none."""
 MAX_REQUEST_BODY = 64 * 1024
@@ -111,6 +114,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body, content_type, headers)
         elif path == "/":
             self._send(200, app.page().encode(), "text/html; charset=utf-8")
+        elif path == "/sd" and app.sd is not None:
+            verdict = parse_qs(urlsplit(self.path).query).get("verdict", [None])[-1]
+            if verdict is not None and verdict not in VERDICTS:
+                self._send(400, f"verdict must be one of {', '.join(VERDICTS)}\n".encode())
+                return
+            self._send(200, json.dumps(app.sd(verdict), separators=(",", ":")).encode(), "application/json")
         elif path == "/-/healthy":
             self._send(200, b"OK\n")
         elif path == "/-/ready":
@@ -167,6 +176,7 @@ class WebApp:
         client_timeout: float = 30.0,
         headers: dict[str, str] | None = None,
         admit: Callable[[socket.socket], bool] | None = None,
+        sd: Callable[[str | None], list[dict[str, object]]] | None = None,
     ) -> None:
         self.metrics = metrics
         """(body, content type) of a scrape, given its Accept header."""
@@ -182,6 +192,8 @@ class WebApp:
         """Sent on every answer (web config's http_server_config.headers; a blank value unsets one)."""
         self.admit = admit
         """Decides, once per connection, whether its client may talk at all (client_allowed_sans)."""
+        self.sd = sd
+        """GET /sd: the watched targets as Prometheus http_sd groups, optionally only those of one verdict."""
         self._httpd: _WebServer | None = None
 
     def start(self, host: str, port: int, wrap_socket: Callable | None = None) -> tuple[str, int]:
