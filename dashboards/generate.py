@@ -22,6 +22,10 @@ SERVER_UID = "specwatch-server"
 TAGS = ["specwatch", "llama-server"]
 # Every query of a panel filters on these; the per-server dashboard selects a single server.
 MATCH = 'job=~"$job", server=~"$server"'
+# Series about one model (a router's, or a server's only one, whose model label is empty and matches ".*").
+MODEL_MATCH = 'job=~"$job", server=~"$server", model=~"$model"'
+# llama-server's own counters, scraped through specwatch's /sd (examples/prometheus.yml, job "llama-server").
+LLAMA_MATCH = 'job=~"$llama_job", server=~"$server", model=~"$model"'
 
 
 def query(expr: str, legend: str = "__auto", ref: str = "A", *, as_table: bool = False) -> prometheus.Dataquery:
@@ -56,6 +60,7 @@ def verdict_rank(match: str) -> str:
     return " + ignoring (verdict) ".join(terms)
 ON_OFF_WORDS = words({"0": ("off", "green"), "1": ("on", "orange")})
 UP_WORDS = words({"0": ("down", "red"), "1": ("up", "green")})
+LOADED_WORDS = words({"0": ("not loaded", "blue"), "1": ("loaded", "green")})
 
 
 def legend() -> common_builder.VizLegendOptions:
@@ -135,6 +140,22 @@ def server_variable(*, many: bool) -> dash.QueryVariable:
     return variable
 
 
+def model_variable() -> dash.QueryVariable:
+    """A router's models (a server watched without one has none: "All" matches it too)."""
+    return (dash.QueryVariable("model").label("Model").datasource(DATASOURCE)
+            .query({"query": 'label_values(specwatch_verdict{job=~"$job", server=~"$server"}, model)',
+                    "refId": "PrometheusVariableQueryEditor-VariableQuery"})
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*")
+            .current(model.VariableOption(selected=True, text="All", value="$__all")))
+
+
+def llama_job_variable() -> dash.CustomVariable:
+    """The scrape job of llama-server's own /metrics (through specwatch's /sd), for the drafted-token panels."""
+    return (dash.CustomVariable("llama_job").label("llama-server job").values("llama-server")
+            .current(model.VariableOption(selected=True, text="llama-server", value="llama-server")))
+
+
 def base(uid: str, title: str, description: str) -> dash.Dashboard:
     return (dash.Dashboard(title).uid(uid).description(description).tags(TAGS).editable().refresh("1m")
             .time("now-6h", "now").timezone("browser").tooltip(model.DashboardCursorSync.CROSSHAIR)
@@ -148,7 +169,8 @@ def fleet() -> model.Dashboard:
         "&var-server=${__data.fields.server}&${__url_time_range}")
     board = (base(FLEET_UID, "specwatch / fleet",
                   "Which llama-servers serve fill-in logprobs under speculative decoding, since when, and how bad.")
-             .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=True)))
+             .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=True))
+             .with_variable(model_variable()).with_variable(llama_job_variable()))
 
     board = board.with_row(dash.Row("Now"))
     for verdict, color, description in (
@@ -175,25 +197,37 @@ def fleet() -> model.Dashboard:
         unit="percentunit", thresholds=steps((None, "green"), (0.000001, "red"))))
     board = board.with_panel(big_number(
         "Servers watched", 'sum(specwatch_servers{job=~"$job"})', "Servers the specwatch exporters watch.",
-        thresholds=steps((None, "blue"))))
+        thresholds=steps((None, "blue")), width=3))
     board = board.with_panel(big_number(
         "Servers down", f"count(specwatch_up{{{MATCH}}} == 0) or vector(0)",
-        "Servers whose last poll of /health, /props and /slots failed.", thresholds=steps((None, "green"), (1, "orange"))))
+        "Servers whose last poll of /health, /props and /slots failed.", thresholds=steps((None, "green"), (1, "orange")),
+        width=3))
     board = board.with_panel(big_number(
-        "Canary endpoints failing", f"count(specwatch_canary_success{{{MATCH}}} == 0) or vector(0)",
+        "Canary endpoints failing", f"count(specwatch_canary_success{{{MODEL_MATCH}}} == 0) or vector(0)",
         "Server and endpoint pairs whose last canary failed: specwatch cannot vouch for them.",
-        thresholds=steps((None, "green"), (1, "orange"))))
+        thresholds=steps((None, "green"), (1, "orange")), width=3))
+    board = board.with_panel(big_number(
+        "Canary tokens per hour", 'sum(job:specwatch_canary_generated_tokens:rate1h{job=~"$job"}) or vector(0)',
+        "Tokens the canaries made the watched servers generate over the last hour: the price of watching "
+        "(about 480 per steady server-hour at the defaults; more while servers change or speculate).",
+        thresholds=steps((None, "blue")), width=3))
 
     board = board.with_panel(merged_table(
         "Servers", "What each server serves now; 'serving fill-ins' 1 means its logprobs are placeholders.",
         {
-            "verdict": f"max by (job, server) ({verdict_rank(MATCH)})",
-            "serving fill-ins": f"max by (job, server) (specwatch_serving_placeholders{{{MATCH}}})",
+            "verdict": f"max by (job, server, model) ({verdict_rank(MODEL_MATCH)})",
+            "serving fill-ins": f"max by (job, server, model) (specwatch_serving_placeholders{{{MODEL_MATCH}}})",
             "up": f"max by (job, server) (specwatch_up{{{MATCH}}})",
-            "speculation (/slots)": f'max by (job, server) (specwatch_speculation_enabled{{{MATCH}, source="slots"}})',
-            "speculation (/props)": f'max by (job, server) (specwatch_speculation_enabled{{{MATCH}, source="props"}})',
-            "worst placeholder ratio": f"max by (job, server) (specwatch_canary_placeholder_ratio{{{MATCH}}})",
-            "build and model": f"max by (job, server, build, model) (specwatch_server_info{{{MATCH}}})",
+            "speculation (/slots)": (
+                f'max by (job, server, model) '
+                f'(specwatch_speculation_enabled{{{MODEL_MATCH}, source="slots"}})'
+            ),
+            "speculation (/props)": (
+                f'max by (job, server, model) '
+                f'(specwatch_speculation_enabled{{{MODEL_MATCH}, source="props"}})'
+            ),
+            "worst placeholder ratio": f"max by (job, server, model) (specwatch_canary_placeholder_ratio{{{MODEL_MATCH}}})",
+            "build and model": f"max by (job, server, build, model) (specwatch_server_info{{{MODEL_MATCH}}})",
         },
         hide=("Value #G",), height=9,
     ).data_links([server_link]).override_by_name("verdict", [
@@ -206,28 +240,31 @@ def fleet() -> model.Dashboard:
     board = board.with_panel(timeline(
         "Verdict, since when",
         "Per server, the verdict specwatch check and the alerts use: clean, unchecked, unproven or FILL_INS.",
-        f"max by (server) ({verdict_rank(MATCH)})", "{{server}}", VERDICT_WORDS))
+        f"max by (server, model) ({verdict_rank(MODEL_MATCH)})", "{{server}} {{model}}", VERDICT_WORDS))
     board = board.with_panel(timeline(
         "Serving fill-ins, since when",
         "Per server, whether the last successful canary found fill-in logprobs; the red span is the window whose evals "
         "need re-running.",
-        f"max by (server) (specwatch_serving_placeholders{{{MATCH}}})", "{{server}}", SERVING_WORDS))
+        f"max by (server, model) (specwatch_serving_placeholders{{{MODEL_MATCH}}})", "{{server}} {{model}}", SERVING_WORDS))
     board = board.with_panel(timeline(
         "Speculation, /slots vs /props",
         "What each endpoint reports. /props says none on every current llama-server, so only /slots can be trusted; "
         "a server on in /slots and off in /props is a config-audit contradiction.",
-        f"max by (server, source) (specwatch_speculation_enabled{{{MATCH}}})", "{{server}} /{{source}}", ON_OFF_WORDS))
+        f"max by (server, model, source) (specwatch_speculation_enabled{{{MODEL_MATCH}}})",
+            "{{server}} {{model}} /{{source}}", ON_OFF_WORDS))
 
     board = board.with_row(dash.Row("Canary verdicts"))
     board = board.with_panel(graph(
         "Placeholder ratio per endpoint",
         "Fill-in tokens among the canary's tokens after the first, per server and endpoint (cached between canaries).",
-        query(f"max by (server, endpoint) (specwatch_canary_placeholder_ratio{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        query(f"max by (server, model, endpoint) (specwatch_canary_placeholder_ratio{{{MODEL_MATCH}}})",
+            "{{server}} {{model}} {{endpoint}}"),
         unit="percentunit", min_value=0, max_value=1))
     board = board.with_panel(graph(
         "Mean logprob per endpoint",
         "The mean logprob an eval would compute from the canary's answer; fill-ins drag it towards 0.",
-        query(f"max by (server, endpoint) (specwatch_canary_mean_logprob{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        query(f"max by (server, model, endpoint) (specwatch_canary_mean_logprob{{{MODEL_MATCH}}})",
+            "{{server}} {{model}} {{endpoint}}"),
         max_value=0))
     board = board.with_panel(graph(
         "Fleet fill-in fraction per endpoint",
@@ -237,29 +274,67 @@ def fleet() -> model.Dashboard:
     board = board.with_panel(graph(
         "Draft tokens per canary",
         "Tokens the server drafted for the canary (timings.draft_n): non-zero means speculation is in use.",
-        query(f"max by (server, endpoint) (specwatch_canary_draft_tokens{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        query(f"max by (server, model, endpoint) (specwatch_canary_draft_tokens{{{MODEL_MATCH}}})",
+            "{{server}} {{model}} {{endpoint}}"),
         min_value=0))
 
     board = board.with_row(dash.Row("Canary and poll health"))
     board = board.with_panel(graph(
         "Canary success per endpoint", "1 when the last canary of the endpoint completed and could be classified.",
-        query(f"min by (server, endpoint) (specwatch_canary_success{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        query(f"min by (server, model, endpoint) (specwatch_canary_success{{{MODEL_MATCH}}})",
+            "{{server}} {{model}} {{endpoint}}"),
         min_value=0, max_value=1))
     board = board.with_panel(graph(
         "Canary latency per endpoint", "Wall time of the last canary request.",
-        query(f"max by (server, endpoint) (specwatch_canary_duration_seconds{{{MATCH}}})", "{{server}} {{endpoint}}"),
+        query(f"max by (server, model, endpoint) (specwatch_canary_duration_seconds{{{MODEL_MATCH}}})",
+            "{{server}} {{model}} {{endpoint}}"),
         unit="s", min_value=0))
     board = board.with_panel(graph(
         "Failures per second by reason", "Failed polls and canaries, by the closed set of reasons.",
         query(f"sum by (server, reason) (rate(specwatch_poll_failures_total{{{MATCH}}}[$__rate_interval]))",
               "poll {{server}} {{reason}}"),
-        query(f"sum by (server, endpoint, reason) (rate(specwatch_canary_failures_total{{{MATCH}}}[$__rate_interval]))",
+        query(f"sum by (server, endpoint, reason) (rate(specwatch_canary_failures_total{{{MODEL_MATCH}}}[$__rate_interval]))",
               "canary {{server}} {{endpoint}} {{reason}}", ref="B"),
         unit="ops", min_value=0))
     board = board.with_panel(graph(
         "Age of the last successful canary", "Seconds since any endpoint's canary last succeeded, per server.",
-        query(f"time() - max by (server) (specwatch_canary_last_success_timestamp_seconds{{{MATCH}}})", "{{server}}"),
+        query(f"time() - max by (server, model) (specwatch_canary_last_success_timestamp_seconds{{{MODEL_MATCH}}})",
+            "{{server}} {{model}}"),
         unit="s", min_value=0))
+
+    board = board.with_panel(graph(
+        "Polls and canaries failing, share", "The share of polls and of canaries that failed (outcome counters exist "
+        "from the first probe, so the first failure shows).",
+        query(f'sum by (server) (rate(specwatch_polls_total{{{MATCH}, outcome="failure"}}[$__rate_interval])) / '
+              f"sum by (server) (rate(specwatch_polls_total{{{MATCH}}}[$__rate_interval]))", "poll {{server}}"),
+        query(f'sum by (server, model) (rate(specwatch_canaries_total{{{MODEL_MATCH}, outcome="failure"}}[$__rate_interval]))'
+              f" / sum by (server, model) (rate(specwatch_canaries_total{{{MODEL_MATCH}}}[$__rate_interval]))",
+              "canary {{server}} {{model}}", ref="B"),
+        unit="percentunit", min_value=0, max_value=1))
+
+    board = board.with_row(dash.Row("Routers and llama-server's own counters"))
+    board = board.with_panel(merged_table(
+        "Router models", "Each model a router lists: loaded (probed) or not (never probed: probing would load it), "
+        "and its verdict.",
+        {
+            "loaded": f"max by (job, server, model) (specwatch_model_loaded{{{MODEL_MATCH}}})",
+            "verdict": f"max by (job, server, model) ({verdict_rank(MODEL_MATCH)}) "
+                       f"and on (job, server, model) max by (job, server, model) (specwatch_model_loaded{{{MODEL_MATCH}}})",
+        },
+        height=6,
+    ).override_by_name("loaded", [
+        model.DynamicConfigValue(id_val="mappings", value=LOADED_WORDS),
+    ]).override_by_name("verdict", [
+        model.DynamicConfigValue(id_val="mappings", value=VERDICT_WORDS),
+        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]))
+    board = board.with_panel(graph(
+        "Drafted share of generated tokens (llama-server)",
+        "From each server's own /metrics (job $llama_job, scraped through specwatch's /sd): the share of generated "
+        "tokens that were drafted, i.e. whose logprobs are fill-ins whenever a client asks for logprobs.",
+        query(f"max by (server, model) (server_model:llamacpp_drafted_tokens:ratio_rate5m{{{LLAMA_MATCH}}})",
+              "{{server}} {{model}}"),
+        unit="percentunit", min_value=0, max_value=1))
 
     board = board.with_row(dash.Row("Exporters"))
     board = board.with_panel(merged_table(
@@ -286,81 +361,104 @@ def server() -> model.Dashboard:
     board = (base(SERVER_UID, "specwatch / server",
                   "One llama-server: its canary verdict per endpoint, speculation as /props and /slots report it, "
                   "and specwatch's probes of it.")
-             .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=False)))
+             .with_variable(datasource_variable()).with_variable(job_variable()).with_variable(server_variable(many=False))
+             .with_variable(model_variable()).with_variable(llama_job_variable()))
     board = board.with_row(dash.Row("Now"))
     board = board.with_panel(big_number(
-        "Verdict", f"max({verdict_rank(MATCH)})",
+        "Verdict", f"max({verdict_rank(MODEL_MATCH)})",
         "The verdict alerts and specwatch check use: clean, unchecked, unproven or FILL_INS.", mappings=VERDICT_WORDS,
         thresholds=steps((None, "green"), (1, "orange"), (2, "yellow"), (3, "red"))))
     board = board.with_panel(big_number(
-        "Logprobs", f"max(specwatch_serving_placeholders{{{MATCH}}})",
+        "Logprobs", f"max(specwatch_serving_placeholders{{{MODEL_MATCH}}})",
         "Whether the last successful canary found fill-in logprobs on any endpoint.", mappings=SERVING_WORDS,
         thresholds=steps((None, "green"), (1, "red"))))
     board = board.with_panel(big_number(
         "Poll", f"max(specwatch_up{{{MATCH}}})", "Whether the last poll of /health, /props and /slots succeeded.",
         mappings=UP_WORDS, thresholds=steps((None, "red"), (1, "green"))))
     board = board.with_panel(big_number(
-        "Speculation (/slots)", f'max(specwatch_speculation_enabled{{{MATCH}, source="slots"}})',
+        "Speculation (/slots)", f'max(specwatch_speculation_enabled{{{MODEL_MATCH}, source="slots"}})',
         "Speculative decoding as /slots reports it: the truth.", mappings=ON_OFF_WORDS, width=3,
         thresholds=steps((None, "green"), (1, "orange"))))
     board = board.with_panel(big_number(
-        "Speculation (/props)", f'max(specwatch_speculation_enabled{{{MATCH}, source="props"}})',
+        "Speculation (/props)", f'max(specwatch_speculation_enabled{{{MODEL_MATCH}, source="props"}})',
         "Speculative decoding as /props reports it: 'off' on every current llama-server.", mappings=ON_OFF_WORDS, width=3,
         thresholds=steps((None, "green"), (1, "orange"))))
     board = board.with_panel(big_number(
-        "Last good canary", f"time() - max(specwatch_canary_last_success_timestamp_seconds{{{MATCH}}})",
+        "Last good canary", f"time() - max(specwatch_canary_last_success_timestamp_seconds{{{MODEL_MATCH}}})",
         "Seconds since any endpoint's canary last succeeded.", unit="s", width=3,
         thresholds=steps((None, "green"), (150, "orange"))))
     board = board.with_panel(big_number(
-        "Slots", f"max(specwatch_slots{{{MATCH}}})", "Parallel sequences the server runs.", width=3,
+        "Slots", f"max(specwatch_slots{{{MODEL_MATCH}}})", "Parallel sequences the server runs.", width=3,
         thresholds=steps((None, "blue"))))
     board = board.with_panel(merged_table(
         "Build and model", "What the server reports in /props.",
-        {"model": f"max by (server, build, model) (specwatch_server_info{{{MATCH}}})",
+        {"model": f"max by (server, build, model) (specwatch_server_info{{{MODEL_MATCH}}})",
          "last good poll": f"max by (server) (specwatch_last_poll_success_timestamp_seconds{{{MATCH}}}) * 1000"},
         hide=("Value #A",), height=4,
     ).override_by_name("last good poll", [model.DynamicConfigValue(id_val="unit", value="dateTimeAsIso")]))
 
     board = board.with_row(dash.Row("Canary verdict per endpoint"))
     board = board.with_panel(timeline(
-        "Verdict", "The verdict over time.", f"max by (server) ({verdict_rank(MATCH)})", "{{server}}", VERDICT_WORDS,
+        "Verdict", "The verdict over time.", f"max by (server, model) ({verdict_rank(MODEL_MATCH)})",
+            "{{server}} {{model}}", VERDICT_WORDS,
         height=4))
     board = board.with_panel(timeline(
         "Serving fill-ins", "Whether the last successful canary found fill-in logprobs.",
-        f"max by (server) (specwatch_serving_placeholders{{{MATCH}}})", "{{server}}", SERVING_WORDS, height=4))
+        f"max by (server, model) (specwatch_serving_placeholders{{{MODEL_MATCH}}})",
+            "{{server}} {{model}}", SERVING_WORDS, height=4))
     board = board.with_panel(graph(
         "Placeholder ratio", "Fill-in tokens among the canary's tokens after the first.",
-        query(f"max by (endpoint) (specwatch_canary_placeholder_ratio{{{MATCH}}})", "{{endpoint}}"),
+        query(f"max by (model, endpoint) (specwatch_canary_placeholder_ratio{{{MODEL_MATCH}}})", "{{model}} {{endpoint}}"),
         unit="percentunit", min_value=0, max_value=1))
     board = board.with_panel(graph(
         "Mean logprob", "The mean an eval would compute from the canary's answer.",
-        query(f"max by (endpoint) (specwatch_canary_mean_logprob{{{MATCH}}})", "{{endpoint}}"), max_value=0))
+        query(f"max by (model, endpoint) (specwatch_canary_mean_logprob{{{MODEL_MATCH}}})",
+            "{{model}} {{endpoint}}"), max_value=0))
     board = board.with_panel(graph(
         "Canary tokens", "Tokens in the canary's answer, fill-ins among them, and tokens the server drafted.",
-        query(f"max by (endpoint) (specwatch_canary_tokens{{{MATCH}}})", "tokens {{endpoint}}"),
-        query(f"max by (endpoint) (specwatch_canary_placeholder_tokens{{{MATCH}}})", "fill-ins {{endpoint}}", ref="B"),
-        query(f"max by (endpoint) (specwatch_canary_draft_tokens{{{MATCH}}})", "drafted {{endpoint}}", ref="C"),
+        query(f"max by (model, endpoint) (specwatch_canary_tokens{{{MODEL_MATCH}}})", "tokens {{model}} {{endpoint}}"),
+        query(f"max by (model, endpoint) (specwatch_canary_placeholder_tokens{{{MODEL_MATCH}}})",
+            "fill-ins {{model}} {{endpoint}}", ref="B"),
+        query(f"max by (model, endpoint) (specwatch_canary_draft_tokens{{{MODEL_MATCH}}})",
+            "drafted {{model}} {{endpoint}}", ref="C"),
         min_value=0))
     board = board.with_panel(graph(
         "Speculation, /slots vs /props", "1 on, 0 off; absent when the endpoint does not tell (for example /slots disabled).",
-        query(f"max by (source) (specwatch_speculation_enabled{{{MATCH}}})", "/{{source}}"),
-        query(f"max(specwatch_speculation_contradiction{{{MATCH}}})", "contradiction", ref="B"),
+        query(f"max by (model, source) (specwatch_speculation_enabled{{{MODEL_MATCH}}})", "{{model}} /{{source}}"),
+        query(f"max by (model) (specwatch_speculation_contradiction{{{MODEL_MATCH}}})", "contradiction {{model}}", ref="B"),
         min_value=0, max_value=1))
+
+    board = board.with_panel(graph(
+        "Drafted tokens (llama-server)",
+        "From the server's own /metrics (job $llama_job, through specwatch's /sd): drafted tokens per second and their "
+        "share of the generated ones.",
+        query(f"max by (model) (server_model:llamacpp_drafted_tokens:rate5m{{{LLAMA_MATCH}}})", "drafted/s {{model}}"),
+        query(f"max by (model) (server_model:llamacpp_drafted_tokens:ratio_rate5m{{{LLAMA_MATCH}}})", "share {{model}}",
+              ref="B"),
+        min_value=0))
 
     board = board.with_row(dash.Row("Probes"))
     board = board.with_panel(graph(
         "Canary success", "1 when the endpoint's last canary completed and could be classified.",
-        query(f"min by (endpoint) (specwatch_canary_success{{{MATCH}}})", "{{endpoint}}"), min_value=0, max_value=1))
+        query(f"min by (model, endpoint) (specwatch_canary_success{{{MODEL_MATCH}}})",
+            "{{model}} {{endpoint}}"), min_value=0, max_value=1))
     board = board.with_panel(graph(
         "Probe latency", "Wall time of the last canary per endpoint, and of the last poll.",
-        query(f"max by (endpoint) (specwatch_canary_duration_seconds{{{MATCH}}})", "canary {{endpoint}}"),
+        query(f"max by (model, endpoint) (specwatch_canary_duration_seconds{{{MODEL_MATCH}}})", "canary {{model}} {{endpoint}}"),
         query(f"max(specwatch_poll_duration_seconds{{{MATCH}}})", "poll", ref="B"), unit="s", min_value=0))
     board = board.with_panel(graph(
         "Failures per second by reason", "Failed polls and canaries, by the closed set of reasons.",
         query(f"sum by (reason) (rate(specwatch_poll_failures_total{{{MATCH}}}[$__rate_interval]))", "poll {{reason}}"),
-        query(f"sum by (endpoint, reason) (rate(specwatch_canary_failures_total{{{MATCH}}}[$__rate_interval]))",
+        query(f"sum by (endpoint, reason) (rate(specwatch_canary_failures_total{{{MODEL_MATCH}}}[$__rate_interval]))",
               "canary {{endpoint}} {{reason}}", ref="B"),
-        unit="ops", min_value=0, width=24))
+        unit="ops", min_value=0))
+    board = board.with_panel(graph(
+        "Canary tokens per hour", "Tokens the canaries made this server generate, per hour: the price of watching it.",
+        query(f"sum by (model) (rate(specwatch_canary_generated_tokens_total{{{MODEL_MATCH}}}[$__rate_interval])) * 3600",
+              "generated {{model}}"),
+        query(f"sum by (model) (rate(specwatch_canary_requested_tokens_total{{{MODEL_MATCH}}}[$__rate_interval])) * 3600",
+              "requested {{model}}", ref="B"),
+        min_value=0))
     return board.build()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
@@ -57,9 +57,11 @@ def prometheus_config(exporter: str, alertmanager: str) -> dict:
     config["rule_files"] = [str(path) for path in rule_files]
     (manager,) = config["alerting"]["alertmanagers"]
     manager["static_configs"] = [{"targets": [alertmanager]}]
-    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "specwatch"]
-    job["scrape_interval"] = SCRAPE
-    job["static_configs"] = [{"targets": [exporter]}]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    jobs["specwatch"].update(scrape_interval=SCRAPE, static_configs=[{"targets": [exporter]}])
+    # llama-server's own /metrics, through the exporter's /sd, as the example sets it up.
+    jobs["llama-server"].update(scrape_interval=SCRAPE,
+                                http_sd_configs=[{"url": f"http://{exporter}/sd", "refresh_interval": SCRAPE}])
     return config
 
 
@@ -113,8 +115,12 @@ def _has_series(prometheus: str, expr: str) -> bool:
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     work = tmp_path_factory.mktemp("chain")
     model = write_cycle_model(work / "cycle.gguf")
-    plain = LlamaServer.of_kind("plain", model, log_dir=work)
-    draft = LlamaServer.of_kind("draft", model, log_dir=work)
+    plain = LlamaServer.of_kind("plain", model, ["--metrics"], log_dir=work)
+    draft = LlamaServer.of_kind("draft", model, ["--metrics"], log_dir=work)
+    # A router with one loaded model and one never loaded: the router panels and the model variable have data.
+    router = LlamaRouter(router_preset(work / "preset.ini", {
+        "small": ["--model", str(model), "--metrics"], "cold": ["--model", str(model)],
+    }), log_dir=work)
     # A server whose /completion fails: the canary failure panels have something to show.
     broken = FaultServer(FakeLlama.plain(tokens=None)).play(Status(500), "/completion").start()
     receiver = WebhookReceiver().start()
@@ -122,7 +128,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     exporter, prometheus_address, alertmanager_address = (f"127.0.0.1:{ports[n]}" for n in ports)
     prometheus = f"http://{prometheus_address}"
 
-    config = _write(work / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url, "broken": broken.url}))
+    config = _write(work / "specwatch.yml", specwatch_config({
+        "plain": plain.url, "draft": draft.url, "broken": broken.url, "router": router.url}))
     specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
                                       "--log-level", "debug"], work)
     alertmanager = Process("alertmanager", [
@@ -139,6 +146,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     processes = [specwatch, alertmanager, prometheus_process]
     try:
         plain.start()
+        router.start()
+        router.load("small")
         for process in processes:
             process.start()
         wait_until("specwatch, Alertmanager and Prometheus to be ready", lambda: all(
@@ -164,6 +173,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
             process.stop()
         draft.stop()
         plain.stop()
+        router.stop()
         broken.stop()
         receiver.stop()
 

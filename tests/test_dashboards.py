@@ -44,11 +44,14 @@ def test_dashboards_have_stable_uids_and_titles() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_variables_are_datasource_job_and_server(name: str) -> None:
     variables = {v["name"]: v for v in dashboards()[name]["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "server"]
+    assert list(variables) == ["datasource", "job", "server", "model", "llama_job"]
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    for key in ("job", "server"):
+    for key in ("job", "server", "model"):
         assert variables[key]["type"] == "query" and variables[key]["datasource"] == DATASOURCE
     assert variables["server"]["multi"] is (name == "specwatch-fleet.json")
+    # "All" models is ".*", which also matches the servers watched without a model (their model label is empty).
+    assert variables["model"]["includeAll"] and variables["model"]["allValue"] == ".*"
+    assert variables["llama_job"]["type"] == "custom" and variables["llama_job"]["query"] == "llama-server"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -64,7 +67,8 @@ def test_every_panel_queries_the_chosen_datasource_job_and_server(name: str) -> 
         assert panel["targets"], f"{panel['title']} has no query"
         for target in panel["targets"]:
             assert target["datasource"] == DATASOURCE
-            assert "$job" in target["expr"], f"{panel['title']}: {target['expr']} ignores the job variable"
+            assert "$job" in target["expr"] or "$llama_job" in target["expr"], (
+                f"{panel['title']}: {target['expr']} ignores the job variable")
     per_server = [t["expr"] for p in panels(board) for t in p.get("targets", []) if "$server" in t["expr"]]
     assert len(per_server) >= 10
 

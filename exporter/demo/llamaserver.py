@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import pathlib
 import shutil
@@ -88,7 +89,7 @@ class LlamaServer:
 
     def __init__(
         self,
-        model: os.PathLike[str] | str,
+        model: os.PathLike[str] | str | None,
         extra_args: Sequence[str] = (),
         *,
         binary: os.PathLike[str] | str | None = None,
@@ -99,7 +100,8 @@ class LlamaServer:
         startup_timeout: float = 60.0,
         log_dir: os.PathLike[str] | str | None = None,
     ) -> None:
-        self.model = pathlib.Path(model)
+        self.model = pathlib.Path(model) if model is not None else None
+        """None for a router: it starts a server per model of its --models-preset."""
         self.extra_args = [str(a) for a in extra_args]
         self.binary = pathlib.Path(binary) if binary is not None else find_llama_server()
         self.host = "127.0.0.1"
@@ -127,7 +129,7 @@ class LlamaServer:
     def command(self) -> list[str]:
         return [
             str(self.binary),
-            "-m", str(self.model),
+            *(["-m", str(self.model)] if self.model is not None else []),
             "--host", self.host,
             "--port", str(self.port),
             "-c", str(self.ctx_size),
@@ -240,4 +242,44 @@ class LlamaServer:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"<LlamaServer {self.url} {state} model={self.model.name}>"
+        return f"<LlamaServer {self.url} {state} model={self.model.name if self.model else '(router)'}>"
+
+
+def router_preset(
+    path: pathlib.Path, models: dict[str, Sequence[str]], *, threads: int = 1, ctx_size: int = 2048
+) -> pathlib.Path:
+    """A --models-preset file: one section per model, each with llama-server options as `key = value` (flags as true)."""
+    sections = []
+    for name, options in models.items():
+        lines = [f"[{name}]", f"c = {ctx_size}", f"t = {threads}"]
+        items = list(options)
+        while items:
+            key = items.pop(0).lstrip("-")
+            value = items.pop(0) if items and not items[0].startswith("-") else "true"
+            lines.append(f"{key} = {value}")
+        sections.append("\n".join(lines))
+    path.write_text("\n\n".join(sections) + "\n")
+    return path
+
+
+class LlamaRouter(LlamaServer):
+    """llama-server in router mode: no model of its own, one child server per loaded model of its preset."""
+
+    def __init__(self, preset: os.PathLike[str] | str, *, models_max: int = 2, extra_args: Sequence[str] = (), **kwargs) -> None:
+        super().__init__(None, ["--models-preset", str(preset), "--models-max", str(models_max), *extra_args], **kwargs)
+
+    def load(self, model: str, timeout: float = 60.0) -> None:
+        """Load `model` (what traffic would do), and wait until the router lists it loaded."""
+        request = urllib.request.Request(f"{self.url}/models/load", data=json.dumps({"model": model}).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(request, timeout=timeout).close()
+        deadline = time.monotonic() + timeout
+        while self.status(model) != "loaded":
+            if time.monotonic() > deadline:
+                raise LlamaServerError(f"model {model!r} not loaded after {timeout:g}s (status {self.status(model)})")
+            time.sleep(0.1)
+
+    def status(self, model: str) -> str:
+        with urllib.request.urlopen(f"{self.url}/models", timeout=10) as answer:
+            listing = json.loads(answer.read())
+        return next((m["status"]["value"] for m in listing["data"] if m["id"] == model), "not listed")

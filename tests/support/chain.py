@@ -26,7 +26,8 @@ RUNBOOK_BASE = "https://github.com/specwatch/specwatch/blob/main/docs/runbooks.m
 
 # Grafana's built-in variables, replaced the way Grafana would for a 1s-scrape Prometheus; $job and $server
 # become "match everything" so a query covers every server of the test.
-GRAFANA_VARIABLES = {"job": ".*", "server": ".*", "__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
+GRAFANA_VARIABLES = {"job": ".*", "server": ".*", "model": ".*", "llama_job": "llama-server", "__rate_interval": "1m",
+                     "__interval": "15s", "__range": "5m"}
 
 
 def rule_groups(path: Path = RULES) -> list[dict]:

@@ -1,0 +1,97 @@
+"""A real llama-server router: check and the daemon see every loaded model's verdict, and never load a model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from exporter.demo.llamaserver import LlamaRouter, router_preset
+from exporter.demo.tinymodel import write_cycle_model
+from tests.support.metrics import find, scrape
+from tests.support.process import ExporterProcess, wait_for
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaRouter]:
+    work = tmp_path_factory.mktemp("router")
+    model = write_cycle_model(work / "cycle.gguf")
+    preset = router_preset(work / "preset.ini", {
+        "plain": ["--model", str(model)],
+        "draft": ["--model", str(model), "--model-draft", str(model), "--spec-type", "draft-simple"],
+        "cold": ["--model", str(model)],  # never loaded by anyone
+    })
+    with LlamaRouter(preset, models_max=2, log_dir=work) as started:
+        started.load("plain")
+        started.load("draft")
+        yield started
+    # Nothing in this module loaded the cold model, and nothing evicted the loaded ones.
+
+
+def _check(*args: str) -> tuple[int, dict]:
+    result = subprocess.run([sys.executable, "-m", "exporter", "check", *args, "--json", "--tokens", "16"],
+                            capture_output=True, text=True, timeout=180)
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_check_on_the_router_checks_every_loaded_model(router: LlamaRouter) -> None:
+    code, report = _check(router.url)
+    assert (code, report["verdict"], report["router"]) == (1, "fill_ins", True)
+    models = {m["model"]: (m["status"], m["verdict"]) for m in report["models"]}
+    assert models == {"plain": ("loaded", "clean"), "draft": ("loaded", "fill_ins"), "cold": ("unloaded", "unchecked")}
+    assert router.status("cold") == "unloaded"
+
+
+def test_check_of_one_model(router: LlamaRouter) -> None:
+    assert _check(router.url, "--model", "plain")[:1] == (0,)
+    code, report = _check(router.url, "--model", "draft")
+    assert (code, report["verdict"]) == (1, "fill_ins")
+    assert all(e["fill_ins"] == 15 for e in report["models"][0]["endpoints"])
+
+
+def test_check_of_the_unloaded_model_leaves_it_unloaded(router: LlamaRouter) -> None:
+    code, report = _check(router.url, "--model", "cold")
+    assert (code, report["verdict"]) == (2, "unchecked") and "not loaded" in report["summary"]
+    assert router.status("cold") == "unloaded"
+    assert {router.status("plain"), router.status("draft")} == {"loaded"}
+
+
+def test_the_daemon_given_only_the_router_url(router: LlamaRouter, tmp_path: Path) -> None:
+    config = tmp_path / "specwatch.yml"
+    config.write_text(f"servers:\n  - {{name: router, url: '{router.url}'}}\n"
+                      "poll_interval: 1s\ncanary_interval: 2s\n")
+    with ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        metrics = f"{exporter.url()}/metrics"
+
+        def verdicts() -> dict[str, str | None]:
+            samples = scrape(metrics)
+            found = {}
+            for model in ("plain", "draft", "cold"):
+                on = [v for v in ("clean", "fill_ins", "unproven", "unchecked")
+                      if find(samples, "specwatch_verdict", server="router", model=model, verdict=v) == 1]
+                found[model] = on[0] if on else None
+            return found
+
+        wait_for(lambda: verdicts() == {"plain": "clean", "draft": "fill_ins", "cold": "unchecked"}, 60,
+                 "the router's verdicts", alive=exporter.process)
+        samples = scrape(metrics)
+        assert find(samples, "specwatch_model_loaded", server="router", model="cold") == 0
+        assert find(samples, "specwatch_model_loaded", server="router", model="draft") == 1
+        assert find(samples, "specwatch_speculation_enabled", server="router", model="draft", source="slots") == 1
+        assert find(samples, "specwatch_up", server="router") == 1
+
+        sd = httpx.get(f"{exporter.url()}/sd", timeout=10).json()
+        target = router.url.removeprefix("http://")
+        assert sorted((g["targets"], g["labels"]["model"], g["labels"]["__param_model"], g["labels"]["__param_autoload"])
+                      for g in sd) == [([target], "draft", "draft", "false"), ([target], "plain", "plain", "false")]
+        clean = httpx.get(f"{exporter.url()}/sd?verdict=clean", timeout=10).json()
+        assert [g["labels"]["model"] for g in clean] == ["plain"]
+    assert router.status("cold") == "unloaded"  # after the whole run, still never loaded
