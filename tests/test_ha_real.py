@@ -1,0 +1,282 @@
+"""Two specwatch replicas watching the same servers, on real processes: one page per incident, not one per replica.
+
+Real llama-servers (one plain, one speculating), two `specwatch run` replicas with the same config, a Prometheus
+scraping both under the one `specwatch` job with the repository's rules unchanged, and an Alertmanager with
+examples/alertmanager.yml whose webhooks land in a local receiver. Then one replica goes away (nothing pages; its
+ticket is pending), then the other (SpecwatchFleetUnwatched is pending).
+
+Timings, with the short intervals below (poll 1s, canary 2s, scrape 1s, evaluation 1s, group_wait 1s,
+group_interval 2s):
+- the page reaches the webhook after the speculating server's first canary (all five endpoints are canaried within
+  a canary interval or two), a scrape, an evaluation and group_wait: about 5s after every process is ready;
+- a second page would follow the second replica's proof within a scrape, an evaluation and a group_interval (the
+  group has changed), so once both replicas' proof is in Prometheus, QUIET seconds (several group_intervals and
+  evaluations) without a delivery show there is none;
+- a stopped replica's target is down at the next scrape, which also marks its series stale, and the next evaluation
+  sees it: SpecwatchExporterDown turns pending then, and SpecwatchFleetUnwatched would turn pending at the same
+  evaluation if it were going to. Their `for:` (5m each) is not waited out: pending is the evidence.
+The waits for conditions have generous timeouts for a loaded machine; the counts asserted are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.tinymodel import write_cycle_model
+from tests.support.chain import (
+    EXAMPLES,
+    RULES,
+    Delivery,
+    WebhookReceiver,
+    alert_rules,
+    http_ok,
+    prometheus_query,
+)
+from tests.support.process import Process, wait_until
+
+pytestmark = pytest.mark.real
+
+POLL, CANARY, SCRAPE, EVALUATION, GROUP_WAIT, GROUP_INTERVAL = "1s", "2s", "1s", "1s", "1s", "2s"
+# How long to watch for a delivery that must not come: three group_intervals, and more than that many evaluations.
+QUIET = 6.0
+JOB = "specwatch"
+PAGE = "SpecwatchServingFillInLogprobs"
+UNWATCHED = "SpecwatchFleetUnwatched"
+EXPORTER_DOWN = "SpecwatchExporterDown"
+LABELS = {"pool": "eval"}
+# Fleet checks for a dashboard: servers no replica watches, and replicas per server.
+UNWATCHED_SERVERS = ('max(specwatch_configured_servers{job="specwatch"})'
+                     ' - count(count by (server) (specwatch_verdict{job="specwatch"}))')
+WATCHERS = 'count by (server) (count by (server, instance) (specwatch_verdict{job="specwatch"}))'
+
+
+def specwatch_config(servers: dict[str, str]) -> dict:
+    """examples/specwatch.yml with the test's servers and short intervals; every replica reads this same file."""
+    config = yaml.safe_load((EXAMPLES / "specwatch.yml").read_text())
+    assert {"poll_interval", "canary_interval"} <= set(config)
+    config["servers"] = [{"name": name, "url": url, "labels": LABELS} for name, url in servers.items()]
+    config.update(poll_interval=POLL, poll_timeout="900ms", canary_interval=CANARY)
+    return config
+
+
+def prometheus_config(replicas: list[str], alertmanager: str) -> dict:
+    """examples/prometheus.yml scraping every replica under its one specwatch job, with the test's intervals."""
+    config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval=SCRAPE, evaluation_interval=EVALUATION)
+    rule_files = [(EXAMPLES / path).resolve() for path in config["rule_files"]]
+    assert rule_files == [RULES], "the example must load the repository's rule file"
+    config["rule_files"] = [str(path) for path in rule_files]
+    (manager,) = config["alerting"]["alertmanagers"]
+    manager["static_configs"] = [{"targets": [alertmanager]}]
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
+    job["scrape_interval"] = SCRAPE
+    job["static_configs"] = [{"targets": replicas}]
+    return config
+
+
+def alertmanager_config(webhook: str) -> dict:
+    """examples/alertmanager.yml with its webhooks pointed at the test's receiver, one path per receiver, and short
+    group_wait and group_interval. repeat_interval stays as it is (1h on the page route): a repeat is the same page
+    reminding, by design, not a second one."""
+    config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+    assert config["route"]["group_by"] == ["alertname", "job"]
+    replaced = 0
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            assert ".example.invalid" in hook["url"], "the example's webhook URLs are placeholders"
+            hook["url"] = f"{webhook}/{receiver['name']}"
+            replaced += 1
+    assert replaced == 2
+
+    def shorten(route: dict) -> None:
+        route.update(group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)
+        for child in route.get("routes", []):
+            shorten(child)
+
+    shorten(config["route"])
+    return config
+
+
+def _write(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def active_alerts(prometheus: str, alertname: str) -> list[dict]:
+    """Prometheus' pending and firing alerts of one rule (/api/v1/alerts)."""
+    return [a for a in _get(f"{prometheus}/api/v1/alerts")["alerts"] if a["labels"]["alertname"] == alertname]
+
+
+def alerts_group_evaluated_at(prometheus: str) -> float:
+    """Unix time of the last evaluation of the rules' alerting group."""
+    (group,) = [g for g in _get(f"{prometheus}/api/v1/rules")["groups"] if g["name"] == "specwatch.alerts"]
+    return datetime.fromisoformat(group["lastEvaluation"]).timestamp()
+
+
+def evaluated_since(prometheus: str, since: float, times: int) -> Callable[[], bool]:
+    """True once the alerting group has run `times` evaluation intervals after `since` (Unix time)."""
+    interval = float(EVALUATION.removesuffix("s"))
+    return lambda: alerts_group_evaluated_at(prometheus) >= since + times * interval
+
+
+def alert_samples_since(prometheus: str, selector: str, since: float) -> list[dict]:
+    """The ALERTS series matching `selector` with any sample (pending or firing) after `since` (Unix time)."""
+    window = max(1, int((time.time() - since) * 1000))
+    return prometheus_query(prometheus, f"count_over_time(ALERTS{{{selector}}}[{window}ms])")
+
+
+def replicas_reporting(prometheus: str, server: str, verdict: str) -> set[str]:
+    """The replicas (instance) whose last scrape says `server` has `verdict`."""
+    found = prometheus_query(prometheus, f'specwatch_verdict{{job="{JOB}",server="{server}",verdict="{verdict}"}} == 1')
+    return {series["metric"]["instance"] for series in found}
+
+
+def fleet_checks(prometheus: str) -> tuple[str, dict[str, str]]:
+    """The docs' two checks: servers no replica watches, and how many replicas watch each server."""
+    (unwatched,) = prometheus_query(prometheus, UNWATCHED_SERVERS)
+    watchers = {series["metric"]["server"]: series["value"][1] for series in prometheus_query(prometheus, WATCHERS)}
+    return unwatched["value"][1], watchers
+
+
+def _seconds(duration: str) -> float:
+    return float(duration[:-1]) * {"s": 1, "m": 60, "h": 3600}[duration[-1]]
+
+
+def stay_quiet(receiver: WebhookReceiver, seconds: float, deliveries: int) -> None:
+    """Watch the receiver for `seconds`; fail at once if a delivery beyond the first `deliveries` arrives."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(receiver.deliveries) != deliveries:
+            break
+        time.sleep(0.2)
+    extra = [(d.path, d.body.get("status"), [a["labels"] for a in d.body.get("alerts", [])])
+             for d in receiver.deliveries[deliveries:]]
+    assert extra == [], f"notifications beyond the first {deliveries}: {extra}"
+
+
+def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> None:
+    model = write_cycle_model(tmp_path / "cycle.gguf")
+    plain = LlamaServer.of_kind("plain", model, log_dir=tmp_path)
+    draft = LlamaServer.of_kind("draft", model, log_dir=tmp_path)
+    receiver = WebhookReceiver().start()
+    ports: set[int] = set()
+    while len(ports) < 4:
+        ports.add(free_port())
+    a, b, prometheus_address, alertmanager_address = (f"127.0.0.1:{port}" for port in sorted(ports))
+    prometheus = f"http://{prometheus_address}"
+    started = time.monotonic()
+    processes: list[Process] = []
+    try:
+        plain.start()
+        draft.start()
+        config = _write(tmp_path / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url}))
+        replicas = {address: Process(f"specwatch-{name}", [
+            sys.executable, "-m", "exporter", "run", "--config", config, "--listen", address,
+        ], tmp_path) for name, address in (("a", a), ("b", b))}
+        alertmanager = Process("alertmanager", [
+            shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager",
+            f"--config.file={_write(tmp_path / 'alertmanager.yml', alertmanager_config(receiver.url))}",
+            f"--storage.path={tmp_path / 'alertmanager'}", f"--web.listen-address={alertmanager_address}",
+            "--cluster.listen-address=",
+        ], tmp_path)
+        prometheus_process = Process("prometheus", [
+            shutil.which("prometheus") or "/usr/bin/prometheus",
+            f"--config.file={_write(tmp_path / 'prometheus.yml', prometheus_config([a, b], alertmanager_address))}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address={prometheus_address}",
+        ], tmp_path)
+        processes = [*replicas.values(), alertmanager, prometheus_process]
+        for process in processes:
+            process.start()
+        wait_until("both replicas, Alertmanager and Prometheus to be ready", lambda: all(http_ok(url) for url in (
+            f"http://{a}/-/ready", f"http://{b}/-/ready", f"http://{alertmanager_address}/-/ready",
+            f"{prometheus}/-/ready")), timeout=30, processes=processes)
+        test_began, ready = time.time(), time.monotonic()
+
+        # Prometheus runs the repository's alerts as they are: same names, for: and labels.
+        loaded = {rule["name"]: (rule["duration"], rule["labels"]) for group in _get(f"{prometheus}/api/v1/rules")[
+            "groups"] for rule in group["rules"] if rule["type"] == "alerting"}
+        assert loaded == {rule["alert"]: (_seconds(rule.get("for", "0s")), rule["labels"]) for rule in alert_rules()}
+
+        # 1. One page, listing the speculating server once, although both replicas prove it.
+        first: Delivery = wait_until("the fill-in page", lambda: next(iter(receiver.deliveries), None), timeout=45,
+                                     processes=processes)
+        paged = first.at - ready
+        wait_until("both replicas' proof of fill-ins, and both replicas' clean verdict on the plain server, in "
+                   "Prometheus", lambda: replicas_reporting(prometheus, "draft", "fill_ins") == {a, b}
+                   and replicas_reporting(prometheus, "plain", "clean") == {a, b}, timeout=30, processes=processes)
+        both_proved = time.time()
+        wait_until("a few evaluations after both proofs", evaluated_since(prometheus, both_proved, 3), timeout=30,
+                   processes=processes)
+        stay_quiet(receiver, QUIET, deliveries=1)
+
+        assert first.path == "/specwatch-page"
+        assert first.body["receiver"] == "specwatch-page"
+        assert first.body["status"] == "firing"
+        assert first.body["groupLabels"] == {"alertname": PAGE, "job": JOB}
+        # One alert without instance: the rule merges the two replicas' series, so the server is listed once.
+        assert [(x["status"], x["labels"]) for x in first.body["alerts"]] == [
+            ("firing", {"alertname": PAGE, "severity": "critical", "job": JOB, "server": "draft", **LABELS})]
+        assert len(active_alerts(prometheus, PAGE)) == 1
+        assert active_alerts(prometheus, UNWATCHED) == []
+        assert fleet_checks(prometheus) == ("0", {"plain": "2", "draft": "2"})
+
+        # 2. One replica goes away; the other still watches both servers. Nothing pages, its ticket is pending.
+        replicas[a].stop()
+        stopped_one = time.time()
+        down = wait_until(f"{EXPORTER_DOWN} pending for the stopped replica",
+                          lambda: active_alerts(prometheus, EXPORTER_DOWN), timeout=30,
+                          processes=[replicas[b], alertmanager, prometheus_process])
+        assert [(x["labels"]["instance"], x["labels"]["severity"], x["state"]) for x in down] == [
+            (a, "warning", "pending")]
+        wait_until("a few evaluations after the replica's series went stale", evaluated_since(
+            prometheus, time.time(), 3), timeout=30, processes=[replicas[b], prometheus_process])
+        assert alert_samples_since(prometheus, f'alertname="{UNWATCHED}"', stopped_one) == []
+        assert active_alerts(prometheus, UNWATCHED) == []
+        (still,) = active_alerts(prometheus, PAGE)
+        assert (still["state"], still["labels"]["server"]) == ("firing", "draft")
+        assert replicas_reporting(prometheus, "draft", "fill_ins") == {b}
+        assert fleet_checks(prometheus) == ("0", {"plain": "1", "draft": "1"})
+        stay_quiet(receiver, QUIET, deliveries=1)
+
+        # 3. Both replicas gone: nothing watches the fleet, and the alert that pages for it is pending.
+        replicas[b].stop()
+        unwatched = wait_until(f"{UNWATCHED} pending", lambda: active_alerts(prometheus, UNWATCHED), timeout=30,
+                               processes=[alertmanager, prometheus_process])
+        assert [(x["labels"], x["state"]) for x in unwatched] == [
+            ({"alertname": UNWATCHED, "severity": "critical"}, "pending")]
+        wait_until(f"{EXPORTER_DOWN} pending for both replicas", lambda: len(active_alerts(
+            prometheus, EXPORTER_DOWN)) == 2, timeout=30, processes=[alertmanager, prometheus_process])
+        assert sorted(x["labels"]["instance"] for x in active_alerts(prometheus, EXPORTER_DOWN)) == sorted([a, b])
+        # keep_firing_for holds the page through the gap: no resolved notification either.
+        (held,) = active_alerts(prometheus, PAGE)
+        assert held["state"] == "firing"
+
+        # The whole run: one notification, the page; the plain server never fired or notified.
+        assert [(d.path, len(d.body["alerts"])) for d in receiver.deliveries] == [("/specwatch-page", 1)]
+        assert alert_samples_since(prometheus, 'server="plain",alertstate="firing"', test_began) == []
+        print(f"\ntwo replicas, one notification: the page {paged:.1f}s after every process was ready; "
+              f"{time.monotonic() - started:.0f}s in all")
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        draft.stop()
+        plain.stop()
+        receiver.stop()
