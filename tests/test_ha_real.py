@@ -36,6 +36,7 @@ from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
+    REPO,
     RULES,
     Delivery,
     WebhookReceiver,
@@ -55,7 +56,7 @@ PAGE = "SpecwatchServingFillInLogprobs"
 UNWATCHED = "SpecwatchFleetUnwatched"
 EXPORTER_DOWN = "SpecwatchExporterDown"
 LABELS = {"pool": "eval"}
-# Fleet checks for a dashboard: servers no replica watches, and replicas per server.
+# The checks docs/sharding.md recommends for a dashboard: servers no replica watches, and replicas per server.
 UNWATCHED_SERVERS = ('max(specwatch_configured_servers{job="specwatch"})'
                      ' - count(count by (server) (specwatch_verdict{job="specwatch"}))')
 WATCHERS = 'count by (server) (count by (server, instance) (specwatch_verdict{job="specwatch"}))'
@@ -170,6 +171,12 @@ def stay_quiet(receiver: WebhookReceiver, seconds: float, deliveries: int) -> No
     extra = [(d.path, d.body.get("status"), [a["labels"] for a in d.body.get("alerts", [])])
              for d in receiver.deliveries[deliveries:]]
     assert extra == [], f"notifications beyond the first {deliveries}: {extra}"
+
+
+def test_the_sharding_guide_recommends_the_checks_proven_here() -> None:
+    guide = (REPO / "docs" / "sharding.md").read_text(encoding="utf-8")
+    assert UNWATCHED_SERVERS in guide
+    assert WATCHERS in guide
 
 
 def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> None:
