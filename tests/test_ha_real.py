@@ -279,8 +279,9 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         # The whole run: one notification, the page; the plain server never fired or notified.
         assert [(d.path, len(d.body["alerts"])) for d in receiver.deliveries] == [("/specwatch-page", 1)]
         assert alert_samples_since(prometheus, 'server="plain",alertstate="firing"', test_began) == []
-        print(f"\ntwo replicas, one notification: the page {paged:.1f}s after every process was ready; "
-              f"{time.monotonic() - started:.0f}s in all")
+        listed = [(x["labels"]["alertname"], x["labels"]["server"]) for d in receiver.deliveries for x in d.body["alerts"]]
+        print(f"\ntwo replicas: {len(receiver.deliveries)} notification(s) {listed} at the webhook, the page "
+              f"{paged:.1f}s after every process was ready; {time.monotonic() - started:.0f}s in all")
     finally:
         for process in reversed(processes):
             process.stop()
