@@ -215,9 +215,16 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
     result = subprocess.run([sys.executable, "-m", "exporter", "demo", "--listen", f"127.0.0.1:{free_port()}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    verdicts = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("plain ", "draft ", "ngram "))}
-    assert verdicts["plain"].endswith("clean: logprobs are real") and " no " in verdicts["plain"]
-    assert "FILL_INS: serves fill-in logprobs" in verdicts["draft"] and " YES " in verdicts["draft"]
-    assert "FILL_INS: serves fill-in logprobs" in verdicts["ngram"]
+    names = ("plain ", "draft ", "ngram ", "router/plain ", "router/draft ", "router/cold ")
+    verdicts = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(names)}
+    for clean in ("plain", "router/plain"):
+        assert verdicts[clean].endswith("clean: logprobs are real") and " no " in verdicts[clean]
+    for speculating in ("draft", "ngram", "router/draft"):
+        assert "FILL_INS: serves fill-in logprobs" in verdicts[speculating] and " YES " in verdicts[speculating]
+    assert verdicts["router/cold"].endswith("unchecked: not loaded, and specwatch never loads a model")
+    assert "(the router's cold model is still unloaded: nothing specwatch did loaded it)" in result.stdout
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith(("chat", "completion"))}
-    assert len(rows) == 5 and all(cells[0] == "0/7" and cells[2] == "31/31" for cells in rows.values())
+    # Columns: plain, draft, ngram, router/plain, router/draft; each cell "fill-ins/tokens mean".
+    assert len(rows) == 5
+    assert all(cells[0] == "0/7" and cells[2] == "31/31" and cells[6] == "0/7" and cells[8] == "31/31" for cells in rows.values())
+    assert "see it yourself" not in result.stdout and "--keep-running" in result.stdout.splitlines()[-1]

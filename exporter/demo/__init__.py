@@ -1,4 +1,4 @@
-"""`specwatch demo`: real local llama-servers, one plain and two speculating, watched by a real exporter."""
+"""`specwatch demo`: real local llama-servers (plain, draft model, n-gram, a router) watched by a real exporter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon.web import parse_listen
-from exporter.demo.llamaserver import INSTALL_HINT, LlamaServer, LlamaServerNotFound, find_llama_server, free_port
+from exporter.demo.llamaserver import (
+    INSTALL_HINT,
+    LlamaRouter,
+    LlamaServer,
+    LlamaServerNotFound,
+    find_llama_server,
+    free_port,
+    router_preset,
+)
 from exporter.probe.canary import Endpoint
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
@@ -45,7 +53,19 @@ def _get(samples: dict, name: str, **labels: str) -> float | None:
     return None
 
 
-def _wait_for_canaries(metrics_url: str, names: list[str], endpoints: int, timeout: float) -> dict:
+# What the report shows, per watched model: (row name, server, model label or None, canaried).
+UNITS = (
+    ("plain", "plain", None, True), ("draft", "draft", None, True), ("ngram", "ngram", None, True),
+    ("router/plain", "router", "plain", True), ("router/draft", "router", "draft", True),
+    ("router/cold", "router", "cold", False),
+)
+
+
+def _labels(server: str, model: str | None, **more: str) -> dict[str, str]:
+    return {"server": server, **({"model": model} if model else {}), **more}
+
+
+def _wait_for_canaries(metrics_url: str, endpoints: int, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     samples: dict = {}
     while time.monotonic() < deadline:
@@ -53,12 +73,13 @@ def _wait_for_canaries(metrics_url: str, names: list[str], endpoints: int, timeo
             samples = _metrics(metrics_url)
         except httpx.HTTPError:
             samples = {}
-        done = {dict(labels)["server"] for (name, labels) in samples if name == "specwatch_canary_success"}
-        counts = {n: sum(1 for (m, labels) in samples if m == "specwatch_canary_success" and dict(labels)["server"] == n)
-                  for n in done}
-        # The speculation gauges exist only after a good poll: wait for them too, so the table shows no gaps.
-        polled = all(_get(samples, "specwatch_up", server=n) == 1 for n in names)
-        if polled and all(counts.get(n, 0) >= endpoints for n in names):
+        # Every canaried model has a result on every endpoint and a verdict; the cold one is never canaried.
+        ready = all(
+            sum(1 for (m, labels) in samples if m == "specwatch_canary_success" and dict(labels).get("server") == server
+                and dict(labels).get("model") == model) >= endpoints
+            for _, server, model, canaried in UNITS if canaried
+        ) and all(_verdict(samples, server, model) != NO_VERDICT for _, server, model, _ in UNITS)
+        if ready:
             return samples
         time.sleep(0.5)
     raise TimeoutError(f"no canary results from the exporter at {metrics_url} within {timeout:.0f}s")
@@ -70,43 +91,45 @@ VERDICT_WORDS = {
     "unproven": "UNPROVEN: speculates, no canary drafted yet, do not score",
     "unchecked": "unchecked: could not check",
 }
+NO_VERDICT = "no verdict exported"
 
 
-def _verdict(samples: dict, name: str) -> str:
+def _verdict(samples: dict, server: str, model: str | None = None) -> str:
     """The exporter's own verdict (specwatch_verdict), in words: the demo decides nothing itself."""
     for verdict, words in VERDICT_WORDS.items():
-        if _get(samples, "specwatch_verdict", server=name, verdict=verdict) == 1:
+        if _get(samples, "specwatch_verdict", **_labels(server, model, verdict=verdict)) == 1:
+            if verdict == "unchecked" and _get(samples, "specwatch_model_loaded", **_labels(server, model)) == 0:
+                return "unchecked: not loaded, and specwatch never loads a model"
             return words
-    return "no verdict exported"
+    return NO_VERDICT
 
 
-def _report(samples: dict, names: list[str]) -> str:
+def _report(samples: dict) -> str:
     def flag(value: float | None) -> str:
         return "unknown" if value is None else ("on" if value else "off")
 
-    lines = [f"{'server':<8} {'/props':<8} {'/slots':<8} {'contradiction':<14} verdict"]
-    for name in names:
-        verdict = _verdict(samples, name)
-        contradiction = _get(samples, "specwatch_speculation_contradiction", server=name)
+    lines = [f"{'server':<13} {'/props':<8} {'/slots':<8} {'contradiction':<14} verdict"]
+    for row, server, model, _ in UNITS:
+        contradiction = _get(samples, "specwatch_speculation_contradiction", **_labels(server, model))
         lines.append(
-            f"{name:<8} {flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='props')):<8} "
-            f"{flag(_get(samples, 'specwatch_speculation_enabled', server=name, source='slots')):<8} "
-            f"{'unknown' if contradiction is None else 'YES' if contradiction else 'no':<14} {verdict}"
+            f"{row:<13} {flag(_get(samples, 'specwatch_speculation_enabled', **_labels(server, model, source='props'))):<8} "
+            f"{flag(_get(samples, 'specwatch_speculation_enabled', **_labels(server, model, source='slots'))):<8} "
+            f"{'unknown' if contradiction is None else 'YES' if contradiction else 'no':<14} {_verdict(samples, server, model)}"
         )
-    endpoints = sorted({dict(labels)["endpoint"] for (name, labels) in samples if name == "specwatch_canary_success"})
+    endpoints = [e.value for e in Endpoint]
+    canaried = [(row, server, model) for row, server, model, done in UNITS if done]
     lines += ["", "fill-in tokens / tokens after the first, and the mean logprob an eval would compute:"]
-    lines.append(f"{'endpoint':<26}" + "".join(f"{n:>18}" for n in names))
+    lines.append(f"{'endpoint':<25}" + "".join(f"{row:>15}" for row, _, _ in canaried))
     for endpoint in endpoints:
         cells = []
-        for name in names:
-            fills = _get(samples, "specwatch_canary_placeholder_tokens", server=name, endpoint=endpoint)
-            tokens = _get(samples, "specwatch_canary_tokens", server=name, endpoint=endpoint)
-            mean = _get(samples, "specwatch_canary_mean_logprob", server=name, endpoint=endpoint)
-            if fills is None or tokens is None:
-                cells.append(f"{'failed':>18}")
-            else:
-                cells.append(f"{f'{fills:.0f}/{tokens - 1:.0f} {mean:+.3f}':>18}")
-        lines.append(f"{endpoint:<26}" + "".join(cells))
+        for _, server, model in canaried:
+            where = _labels(server, model, endpoint=endpoint)
+            fills = _get(samples, "specwatch_canary_placeholder_tokens", **where)
+            tokens = _get(samples, "specwatch_canary_tokens", **where)
+            mean = _get(samples, "specwatch_canary_mean_logprob", **where)
+            cell = "failed" if fills is None or tokens is None else f"{fills:.0f}/{tokens - 1:.0f} {mean:+.3f}"
+            cells.append(f"{cell:>15}")
+        lines.append(f"{endpoint:<25}" + "".join(cells))
     return "\n".join(lines)
 
 
@@ -150,8 +173,19 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
                 server = LlamaServer.of_kind(kind, model, log_dir=workdir).start()
                 servers.append(server)
                 say(f"started {kind:<6} llama-server at {server.url}  ({what})")
+            preset = router_preset(workdir / "preset.ini", {
+                "plain": ["--model", str(model)],
+                "draft": ["--model", str(model), "--model-draft", str(model), "--spec-type", "draft-simple"],
+                "cold": ["--model", str(model)],
+            })
+            router = LlamaRouter(preset, models_max=2, log_dir=workdir).start()
+            servers.append(router)
+            for name in ("plain", "draft"):
+                router.load(name)  # what traffic would do; specwatch itself never loads a model
+            say(f"started a router       at {router.url}  (models plain and draft loaded, cold never loaded)")
             config = workdir / "specwatch.yml"
-            config.write_text(demo_config({kind: s.url for (kind, _), s in zip(KINDS, servers, strict=True)}))
+            urls = {kind: s.url for (kind, _), s in zip(KINDS, servers, strict=False)}
+            config.write_text(demo_config({**urls, "router": router.url}))
             port = port or free_port()
             log = (workdir / "specwatch.log").open("w")
             exporter = subprocess.Popen(
@@ -161,10 +195,11 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             )
             metrics_url = f"http://{host}:{port}/metrics"
             say(f"started specwatch at http://{host}:{port}/ ; waiting for the first canaries ...")
-            names = [kind for kind, _ in KINDS]
-            samples = _wait_for_canaries(metrics_url, names, endpoints=len(Endpoint), timeout=120)
+            samples = _wait_for_canaries(metrics_url, endpoints=len(Endpoint), timeout=120)
+            cold = router.status("cold")
             say("")
-            say(_report(samples, names))
+            say(_report(samples))
+            say(f"(the router's cold model is still {cold}: nothing specwatch did loaded it)")
             say("")
             say(closing_hint(metrics_url, keep_running=keep_running))
             if keep_running:
