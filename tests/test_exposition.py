@@ -12,6 +12,7 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.daemon.collector import ExporterStatus, Exposition, SpecwatchCollector
+from exporter.daemon.discovery import SourceStatus
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
@@ -38,7 +39,9 @@ async def _exposition() -> str:
         await watcher.poll(name)
         await watcher.canary(name)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0)))
+    sources = (SourceStatus("file_sd[0]", 2, True, 1_699_999_000.0), SourceStatus("http_sd[0]", 0, False, None))
+    registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0,
+                                                                               discovery=sources)))
     return generate_latest(registry).decode()
 
 
