@@ -264,3 +264,25 @@ def test_idle_connections_are_announced_to_close_after_five_seconds(server):
         assert response.getheader("Keep-Alive", "").split(",")[0] == "timeout=5"
     finally:
         connection.close()
+
+
+def test_ngram_map_k_drafts_only_if_its_first_request_is_a_completion(model):
+    """Why the canary asks /completion first: a fresh ngram-map-k server whose first request is a chat never drafts."""
+    from exporter.probe.canary import TABLE, Endpoint
+
+    completion, chat = TABLE[Endpoint.COMPLETION], TABLE[Endpoint.CHAT]
+    drafted = {}
+    for first in (completion, chat):
+        with LlamaServer(model, ["--spec-type", "ngram-map-k"]) as fresh:
+            request(fresh, "POST", first.path, first.body(8))
+            status, body = request(fresh, "POST", completion.path, completion.body(8))
+            assert status == 200, body
+            drafted[first.endpoint] = body["timings"].get("draft_n")
+    assert drafted[Endpoint.COMPLETION] and drafted[Endpoint.COMPLETION] > 0
+    assert drafted[Endpoint.CHAT] is None
+
+
+def test_a_model_query_and_autoload_are_ignored_by_a_server_that_is_not_a_router(server):
+    """specwatch adds ?model=...&autoload=false whenever it names a model; a plain server must answer as usual."""
+    status, props = request(server("plain"), "GET", "/props?model=anything&autoload=false")
+    assert status == 200 and "role" not in props and props["default_generation_settings"]["params"] is not None

@@ -95,3 +95,30 @@ def test_the_daemon_given_only_the_router_url(router: LlamaRouter, tmp_path: Pat
         clean = httpx.get(f"{exporter.url()}/sd?verdict=clean", timeout=10).json()
         assert [g["labels"]["model"] for g in clean] == ["plain"]
     assert router.status("cold") == "unloaded"  # after the whole run, still never loaded
+
+
+def _get(router: LlamaRouter, path: str) -> tuple[int, dict]:
+    answer = httpx.get(f"{router.url}{path}", timeout=30)
+    return answer.status_code, answer.json()
+
+
+def test_the_router_shapes_specwatch_relies_on(router: LlamaRouter) -> None:
+    """docs/llama-server-behaviour.md, "Routers", against the real binary."""
+    status, props = _get(router, "/props")
+    assert status == 200 and props["role"] == "router" and props["default_generation_settings"]["params"] is None
+    status, listing = _get(router, "/models")
+    assert {m["id"]: m["status"]["value"] for m in listing["data"]} == {"plain": "loaded", "draft": "loaded",
+                                                                       "cold": "unloaded"}
+    status, model_props = _get(router, "/props?model=draft&autoload=false")
+    assert status == 200 and "role" not in model_props and model_props["model_alias"] == "draft"
+    status, slots = _get(router, "/slots?model=draft&autoload=false")
+    assert status == 200 and all(slot["speculative"] for slot in slots)
+    # autoload=false: a model that is not loaded answers 400 and stays unloaded, for GET and POST alike.
+    for method, path, body in (("GET", "/props?model=cold&autoload=false", None),
+                               ("POST", "/completion?autoload=false", {"model": "cold", "prompt": "the", "n_predict": 2})):
+        answer = httpx.request(method, f"{router.url}{path}", json=body, timeout=30)
+        assert (answer.status_code, answer.json()["error"]["message"]) == (400, "model is not loaded")
+    assert router.status("cold") == "unloaded"
+    # A router's own /metrics needs a model: /sd lists router models, never the bare router.
+    status, error = _get(router, "/metrics")
+    assert status == 400 and error["error"]["message"] == "model name is missing from the request"
