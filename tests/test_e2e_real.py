@@ -15,6 +15,7 @@ import pytest
 from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.metrics import find, scrape
+from tests.support.process import ExporterProcess
 
 pytestmark = pytest.mark.real
 
@@ -228,3 +229,16 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
     assert len(rows) == 5
     assert all(cells[0] == "0/7" and cells[2] == "31/31" and cells[6] == "0/7" and cells[8] == "31/31" for cells in rows.values())
     assert "see it yourself" not in result.stdout and "--keep-running" in result.stdout.splitlines()[-1]
+
+
+def test_a_config_with_only_the_two_intervals_works_on_real_servers(servers: dict[str, LlamaServer], tmp_path: Path) -> None:
+    """Short intervals need no timeouts: the defaults are capped by the intervals, as Prometheus does it."""
+    config = tmp_path / "short.yml"
+    config.write_text(f"servers:\n  - {{name: plain, url: '{servers['plain'].url}'}}\n"
+                      f"  - {{name: draft, url: '{servers['draft'].url}'}}\npoll_interval: 1s\ncanary_interval: 1s\n")
+    with ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        url = f"{exporter.url()}/metrics"
+        _wait(url, lambda s: _daemon_verdict(s, "plain") == "clean" and _daemon_verdict(s, "draft") == "fill_ins", timeout=60)
+        samples = scrape(url)
+        assert find(samples, "specwatch_poll_interval_seconds") == 1 and find(samples, "specwatch_canary_interval_seconds") == 1

@@ -150,3 +150,60 @@ async def test_a_verdict_is_logged_when_it_changes_not_every_canary(make_watcher
     assert first["server"] == "a"
     assert first["summary"] == ("the server serves fill-in logprobs (fill-ins / tokens after the first: chat 7/7); "
                                 "do not score")
+
+
+async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_minutes_between(clock) -> None:
+    """Not nine warnings a minute forever: one when the trouble starts, a reminder every REMIND_SECONDS, one at the end."""
+    import structlog
+
+    from exporter.daemon.state import Fleet
+    from exporter.daemon.watch import REMIND_SECONDS, Watcher
+    from exporter.probe.fetch import Fetcher
+    from exporter.settings import Settings
+    from tests.support.fakes import fleet_transport
+
+    fakes: dict[str, FakeLlama] = {}
+    settings = Settings(servers=[{"name": "a", "url": "http://a:8080"}], canary_endpoints=["completion"])
+    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+        watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
+                          Fetcher(client, settings.max_response_bytes), clock=clock, monotonic=clock)
+        with structlog.testing.capture_logs() as logs:
+            polls = int(3 * REMIND_SECONDS // 15)  # 30 minutes of polls every 15 s, the server down all along
+            for _ in range(polls):
+                await watcher.poll("a")
+                clock.advance(15)
+            fakes["a"] = FakeLlama.plain(api_key="k")  # back, but refusing specwatch: the reason changes
+            await watcher.poll("a")
+            fakes["a"] = FakeLlama.plain()
+            await watcher.poll("a")
+    lines = [(e["event"], e.get("reason") or e.get("last_reason")) for e in logs if e["log_level"] in ("warning", "info")
+             and e["event"].startswith("poll_")]
+    assert lines == [("poll_failed", "connection_refused")] + [("poll_failed", "connection_refused")] * 2 + [
+        ("poll_failed", "unauthorized"), ("poll_recovered", "unauthorized")]
+    reminders = [e for e in logs if e["event"] == "poll_failed" and "still_for_seconds" in e]
+    assert [e["still_for_seconds"] for e in reminders] == [600, 1200]
+    assert sum(e["event"] == "poll_failed" and e["log_level"] == "debug" for e in logs) == polls - 3
+
+
+async def test_attempt_counters_exist_from_the_first_probe_so_rates_see_the_first_failure(make_watcher) -> None:
+    watcher = make_watcher({"a": FakeLlama.plain(tokens=None)}, canary_endpoints=["completion"])
+    await watcher.poll("a")
+    await watcher.canary("a")
+    s = _samples(watcher)
+    assert value(s, "specwatch_polls_total", server="a", outcome="failure") == 0
+    assert value(s, "specwatch_polls_total", server="a", outcome="success") == 1
+    assert value(s, "specwatch_canaries_total", server="a", outcome="failure") == 0
+    assert value(s, "specwatch_canary_requested_tokens_total", server="a") == 8  # /slots says it does not speculate
+    assert value(s, "specwatch_canary_generated_tokens_total", server="a") == 8
+
+
+async def test_a_canary_answered_by_another_model_is_a_model_mismatch_not_a_verdict(make_watcher) -> None:
+    watcher = make_watcher({"a": FakeLlama.draft(model_alias="other-model.gguf")},
+                           servers=[{"name": "a", "url": "http://a:8080", "model": "qwen3-8b"}], canary_endpoints=["completion"])
+    await watcher.canary("a")
+    model = watcher.fleet.get("a").model()
+    assert model.canaries["completion"].failure_reason is Reason.MODEL_MISMATCH
+    assert "asked model 'qwen3-8b', answered by" in model.canaries["completion"].failure_detail
+    assert model.canaries["completion"].tally is None and model.serving_fill_ins is None
+    await watcher.poll("a")  # the poll says the same, and the daemon sends no canary after a failed poll
+    assert watcher.fleet.get("a").poll_failure_reason is Reason.MODEL_MISMATCH
