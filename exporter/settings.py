@@ -263,16 +263,42 @@ def check_labels(labels: dict[str, str]) -> dict[str, str]:
     return labels
 
 
-class ServerConfig(BaseModel):
+class _KeyedTargets(BaseModel):
+    """What watching a server needs beside its address: static labels, an API key source, a timeout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    api_key_file: Path | None = None
+    api_key_env: str | None = None
+    timeout: Timeout | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        return check_labels(labels)
+
+    # The key sources are checked by field validators, not after the model: those run even when another field
+    # (a bad URL) fails, so one message lists a missing key file too.
+    @field_validator("api_key_file")
+    @classmethod
+    def _check_key_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            KEY_FILES.load(path)
+        return path
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, name: str | None, info: ValidationInfo) -> str | None:
+        return checked_key_env(name, info)
+
+
+class ServerConfig(_KeyedTargets):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=200)
     url: str
-    labels: dict[str, str] = Field(default_factory=dict)
-    api_key_file: Path | None = None
-    api_key_env: str | None = None
     model: str | None = None
-    timeout: Timeout | None = None
 
     _env_key: SecretStr | None = PrivateAttr(default=None)
 
@@ -311,25 +337,6 @@ class ServerConfig(BaseModel):
             )
         return text.rstrip("/")
 
-    @field_validator("labels")
-    @classmethod
-    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        return check_labels(labels)
-
-    # The key sources are checked by field validators, not after the model: those run even when another field
-    # (a bad URL) fails, so one message lists a missing key file too.
-    @field_validator("api_key_file")
-    @classmethod
-    def _check_key_file(cls, path: Path | None) -> Path | None:
-        if path is not None:
-            KEY_FILES.load(path)
-        return path
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _check_key_env(cls, name: str | None, info: ValidationInfo) -> str | None:
-        return checked_key_env(name, info)
-
     @model_validator(mode="after")
     def _keep_env_key(self) -> ServerConfig:
         if self.api_key_env is not None:
@@ -344,33 +351,10 @@ class ServerConfig(BaseModel):
         return self._env_key
 
 
-class _DiscoveredServers(BaseModel):
+class _DiscoveredServers(_KeyedTargets):
     """What every target a discovery source finds is watched with: scheme, static labels, API key, timeout."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     scheme: Literal["http", "https"] = "http"
-    labels: dict[str, str] = Field(default_factory=dict)
-    api_key_file: Path | None = None
-    api_key_env: str | None = None
-    timeout: Timeout | None = None
-
-    @field_validator("labels")
-    @classmethod
-    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        return check_labels(labels)
-
-    @field_validator("api_key_file")
-    @classmethod
-    def _check_key_file(cls, path: Path | None) -> Path | None:
-        if path is not None:
-            KEY_FILES.load(path)
-        return path
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _check_key_env(cls, name: str | None, info: ValidationInfo) -> str | None:
-        return checked_key_env(name, info)
 
 
 class FileSDConfig(_DiscoveredServers):

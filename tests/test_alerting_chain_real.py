@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 import urllib.request
@@ -27,6 +26,8 @@ from tests.support.chain import (
     prometheus_query,
     substitute,
 )
+from tests.support.chain import alertmanager as chain_alertmanager
+from tests.support.chain import prometheus as chain_prometheus
 from tests.support.faults import Status
 from tests.support.loopback import FaultServer
 from tests.support.process import Process, wait_until
@@ -132,17 +133,10 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         "plain": plain.url, "draft": draft.url, "broken": broken.url, "router": router.url}))
     specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
                                       "--log-level", "debug"], work)
-    alertmanager = Process("alertmanager", [
-        shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager",
-        f"--config.file={_write(work / 'alertmanager.yml', alertmanager_config(receiver.url))}",
-        f"--storage.path={work / 'alertmanager'}", f"--web.listen-address={alertmanager_address}",
-        "--cluster.listen-address=",
-    ], work)
-    prometheus_process = Process("prometheus", [
-        shutil.which("prometheus") or "/usr/bin/prometheus",
-        f"--config.file={_write(work / 'prometheus.yml', prometheus_config(exporter, alertmanager_address))}",
-        f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address={prometheus_address}",
-    ], work)
+    alertmanager = chain_alertmanager(work, _write(work / "alertmanager.yml", alertmanager_config(receiver.url)),
+                                      alertmanager_address)
+    prometheus_process = chain_prometheus(work, _write(work / "prometheus.yml", prometheus_config(exporter, alertmanager_address)),
+                                          prometheus_address)
     processes = [specwatch, alertmanager, prometheus_process]
     try:
         plain.start()

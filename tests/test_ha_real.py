@@ -21,7 +21,6 @@ The waits for conditions have generous timeouts for a loaded machine; the counts
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 import urllib.request
@@ -44,6 +43,8 @@ from tests.support.chain import (
     http_ok,
     prometheus_query,
 )
+from tests.support.chain import alertmanager as chain_alertmanager
+from tests.support.chain import prometheus as chain_prometheus
 from tests.support.process import Process, wait_until
 
 pytestmark = pytest.mark.real
@@ -198,17 +199,10 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         replicas = {address: Process(f"specwatch-{name}", [
             sys.executable, "-m", "exporter", "run", "--config", config, "--listen", address,
         ], tmp_path) for name, address in (("a", a), ("b", b))}
-        alertmanager = Process("alertmanager", [
-            shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager",
-            f"--config.file={_write(tmp_path / 'alertmanager.yml', alertmanager_config(receiver.url))}",
-            f"--storage.path={tmp_path / 'alertmanager'}", f"--web.listen-address={alertmanager_address}",
-            "--cluster.listen-address=",
-        ], tmp_path)
-        prometheus_process = Process("prometheus", [
-            shutil.which("prometheus") or "/usr/bin/prometheus",
-            f"--config.file={_write(tmp_path / 'prometheus.yml', prometheus_config([a, b], alertmanager_address))}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address={prometheus_address}",
-        ], tmp_path)
+        alertmanager = chain_alertmanager(tmp_path, _write(tmp_path / "alertmanager.yml", alertmanager_config(receiver.url)),
+                                          alertmanager_address)
+        prometheus_process = chain_prometheus(
+            tmp_path, _write(tmp_path / "prometheus.yml", prometheus_config([a, b], alertmanager_address)), prometheus_address)
         processes = [*replicas.values(), alertmanager, prometheus_process]
         for process in processes:
             process.start()

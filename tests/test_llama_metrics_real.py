@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import EXAMPLES, RULES, http_ok, prometheus_query
+from tests.support.chain import prometheus as chain_prometheus
 from tests.support.process import Process, wait_until
 
 pytestmark = pytest.mark.real
@@ -44,9 +44,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     jobs["llama-server"].update(scrape_interval="1s", http_sd_configs=[{"url": f"http://{exporter}/sd", "refresh_interval": "1s"}])
     processes = [
         Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter], work),
-        Process("prometheus", [shutil.which("prometheus") or "/usr/bin/prometheus",
-                               f"--config.file={_write(work / 'prometheus.yml', prometheus_config)}",
-                               f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address={server}"], work),
+        chain_prometheus(work, Path(_write(work / "prometheus.yml", prometheus_config)), server),
     ]
     try:
         for process in processes:

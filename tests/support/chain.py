@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 import urllib.error
@@ -15,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
+
+from tests.support.process import Process
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "alerts"
@@ -208,3 +211,19 @@ class WebhookReceiver:
             self._server.server_close()
             self._server = None
 
+
+
+def alertmanager(work: Path, config: Path, address: str) -> Process:
+    """Debian's Alertmanager on `address`, alone (no cluster), its data under `work`."""
+    return Process("alertmanager", [
+        shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager", f"--config.file={config}",
+        f"--storage.path={work / 'alertmanager'}", f"--web.listen-address={address}", "--cluster.listen-address=",
+    ], work)
+
+
+def prometheus(work: Path, config: Path, address: str) -> Process:
+    """Debian's Prometheus on `address`, its TSDB under `work`."""
+    return Process("prometheus", [
+        shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={config}",
+        f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address={address}",
+    ], work)
