@@ -21,6 +21,7 @@ from tests.support.chain import (
     Delivery,
     WebhookReceiver,
     alert_rules,
+    alertmanager_config,
     dashboard_queries,
     http_ok,
     prometheus_query,
@@ -63,26 +64,6 @@ def prometheus_config(exporter: str, alertmanager: str) -> dict:
     # llama-server's own /metrics, through the exporter's /sd, as the example sets it up.
     jobs["llama-server"].update(scrape_interval=SCRAPE,
                                 http_sd_configs=[{"url": f"http://{exporter}/sd", "refresh_interval": SCRAPE}])
-    return config
-
-
-def alertmanager_config(webhook: str) -> dict:
-    """examples/alertmanager.yml with its placeholder URLs pointed at the test's receiver, one path per receiver."""
-    config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
-    replaced = 0
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            assert ".example.invalid" in hook["url"], "the example's webhook URLs are placeholders"
-            hook["url"] = f"{webhook}/{receiver['name']}"
-            replaced += 1
-    assert replaced == 2
-
-    def shorten(route: dict) -> None:
-        route["group_wait"] = GROUP_WAIT
-        for child in route.get("routes", []):
-            shorten(child)
-
-    shorten(config["route"])
     return config
 
 
@@ -133,7 +114,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         "plain": plain.url, "draft": draft.url, "broken": broken.url, "router": router.url}))
     specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
                                       "--log-level", "debug"], work)
-    alertmanager = chain_alertmanager(work, _write(work / "alertmanager.yml", alertmanager_config(receiver.url)),
+    alertmanager = chain_alertmanager(work, _write(work / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT)),
                                       alertmanager_address)
     prometheus_process = chain_prometheus(work, _write(work / "prometheus.yml", prometheus_config(exporter, alertmanager_address)),
                                           prometheus_address)

@@ -40,6 +40,7 @@ from tests.support.chain import (
     Delivery,
     WebhookReceiver,
     alert_rules,
+    alertmanager_config,
     http_ok,
     prometheus_query,
 )
@@ -84,29 +85,6 @@ def prometheus_config(replicas: list[str], alertmanager: str) -> dict:
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
     job["scrape_interval"] = SCRAPE
     job["static_configs"] = [{"targets": replicas}]
-    return config
-
-
-def alertmanager_config(webhook: str) -> dict:
-    """examples/alertmanager.yml with its webhooks pointed at the test's receiver, one path per receiver, and short
-    group_wait and group_interval. repeat_interval stays as it is (1h on the page route): a repeat is the same page
-    reminding, by design, not a second one."""
-    config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
-    assert config["route"]["group_by"] == ["alertname", "job"]
-    replaced = 0
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            assert ".example.invalid" in hook["url"], "the example's webhook URLs are placeholders"
-            hook["url"] = f"{webhook}/{receiver['name']}"
-            replaced += 1
-    assert replaced == 2
-
-    def shorten(route: dict) -> None:
-        route.update(group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)
-        for child in route.get("routes", []):
-            shorten(child)
-
-    shorten(config["route"])
     return config
 
 
@@ -199,7 +177,7 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         replicas = {address: Process(f"specwatch-{name}", [
             sys.executable, "-m", "exporter", "run", "--config", config, "--listen", address,
         ], tmp_path) for name, address in (("a", a), ("b", b))}
-        alertmanager = chain_alertmanager(tmp_path, _write(tmp_path / "alertmanager.yml", alertmanager_config(receiver.url)),
+        alertmanager = chain_alertmanager(tmp_path, _write(tmp_path / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)),
                                           alertmanager_address)
         prometheus_process = chain_prometheus(
             tmp_path, _write(tmp_path / "prometheus.yml", prometheus_config([a, b], alertmanager_address)), prometheus_address)

@@ -227,3 +227,24 @@ def prometheus(work: Path, config: Path, address: str) -> Process:
         shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={config}",
         f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address={address}",
     ], work)
+
+
+def alertmanager_config(webhook: str, **timing: str) -> dict:
+    """examples/alertmanager.yml with its placeholder webhooks pointed at `webhook`, one path per receiver, and
+    `timing` (group_wait, group_interval, ...) set on every route."""
+    config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+    replaced = 0
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            assert ".example.invalid" in hook["url"], "the example's webhook URLs are placeholders"
+            hook["url"] = f"{webhook}/{receiver['name']}"
+            replaced += 1
+    assert replaced == 2
+
+    def retime(route: dict) -> None:
+        route.update(timing)
+        for child in route.get("routes", []):
+            retime(child)
+
+    retime(config["route"])
+    return config
