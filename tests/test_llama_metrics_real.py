@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import EXAMPLES, RULES, http_ok, prometheus_query
 from tests.support.chain import prometheus as chain_prometheus
-from tests.support.process import Process, wait_until
+from tests.support.process import ExporterProcess, wait_until
 
 pytestmark = pytest.mark.real
 
@@ -29,11 +28,13 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = write_cycle_model(work / "cycle.gguf")
     plain = LlamaServer.of_kind("plain", model, ["--metrics"], log_dir=work).start()
     draft = LlamaServer.of_kind("draft", model, ["--metrics"], log_dir=work).start()
-    exporter, server = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     config = _write(work / "specwatch.yml", {
         "servers": [{"name": "plain", "url": plain.url}, {"name": "draft", "url": draft.url}],
         "poll_interval": "1s", "canary_interval": "1s",
     })
+    # specwatch picks its own port (no race for a free one); Prometheus is told where it landed.
+    specwatch = ExporterProcess("--config", config).wait_started()
+    exporter, server = f"127.0.0.1:{specwatch.port}", f"127.0.0.1:{free_port()}"
     # The example Prometheus config as a user gets it, with the test's addresses and 1s intervals.
     prometheus_config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
     prometheus_config["global"].update(scrape_interval="1s", evaluation_interval="1s")
@@ -42,19 +43,14 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     jobs = {job["job_name"]: job for job in prometheus_config["scrape_configs"]}
     jobs["specwatch"].update(scrape_interval="1s", static_configs=[{"targets": [exporter]}])
     jobs["llama-server"].update(scrape_interval="1s", http_sd_configs=[{"url": f"http://{exporter}/sd", "refresh_interval": "1s"}])
-    processes = [
-        Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter], work),
-        chain_prometheus(work, Path(_write(work / "prometheus.yml", prometheus_config)), server),
-    ]
+    prometheus = chain_prometheus(work, Path(_write(work / "prometheus.yml", prometheus_config)), server)
     try:
-        for process in processes:
-            process.start()
-        wait_until("specwatch and Prometheus", lambda: http_ok(f"http://{exporter}/-/ready") and http_ok(f"http://{server}/-/ready"),
-                   timeout=30, processes=processes)
+        prometheus.start()
+        wait_until("Prometheus", lambda: http_ok(f"http://{server}/-/ready"), timeout=30, processes=[prometheus])
         yield f"http://{server}"
     finally:
-        for process in reversed(processes):
-            process.stop()
+        prometheus.stop()
+        specwatch.stop()
         plain.stop()
         draft.stop()
 

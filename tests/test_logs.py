@@ -6,9 +6,22 @@ import io
 import json
 import logging
 
+import pytest
 import structlog
 
 from exporter.daemon import logs
+
+
+@pytest.fixture(autouse=True)
+def restored_logging():
+    """logs.configure() sets process-wide state: put it back, so later tests see logging as they expect it."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def _lines(stream: io.StringIO) -> list[dict]:
