@@ -158,15 +158,11 @@ class ServerState:
     poll_failure_detail: str = ""
     poll_duration_seconds: float | None = None
     last_poll_success_timestamp: float | None = None
-    polled_ok: bool | None = None
+    poll_success: bool | None = None
     """True after a good poll, False after a failed one, None before the first."""
     poll_failures: Mapping[Reason, int] = field(default_factory=lambda: _EMPTY)
     poll_outcomes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     models: Mapping[str, ModelState] = field(default_factory=lambda: _EMPTY)
-
-    @property
-    def poll_success(self) -> bool | None:
-        return self.polled_ok
 
     def model(self, key: str | None = None) -> ModelState | None:
         """One watched model: by default the configured one, or the server's only model."""
@@ -239,14 +235,14 @@ class Fleet:
             # The server did not answer, so no model's status is known any more.
             models = {key: replace(m, status=UNKNOWN, poll=None, poll_failure=failure) for key, m in old.models.items()}
             return self._update(
-                name, polled_ok=False, poll_failure_reason=reason, poll_failure_detail=detail, poll_duration_seconds=duration,
+                name, poll_success=False, poll_failure_reason=reason, poll_failure_detail=detail, poll_duration_seconds=duration,
                 poll_failures=_bumped(old.poll_failures, reason), poll_outcomes=_bumped(old.poll_outcomes, "failure"),
                 models=MappingProxyType(models),
             )
         # A router's listing decides which models exist; models it no longer lists vanish with their series.
         models = {key: old.models.get(key, old._blank(key)).polled(found) for key, found in result.models.items()}
         return self._update(
-            name, router=result.router, polled_ok=True, poll_failure_reason=None, poll_failure_detail="",
+            name, router=result.router, poll_success=True, poll_failure_reason=None, poll_failure_detail="",
             poll_duration_seconds=duration, last_poll_success_timestamp=now,
             poll_outcomes=_bumped(old.poll_outcomes, "success"), models=MappingProxyType(models),
         )
