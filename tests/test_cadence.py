@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter.daemon.cadence import due
+from exporter.daemon.cadence import due, spacing
 from exporter.daemon.state import CanaryState, ModelState
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.llama import Props, Slots
@@ -84,3 +84,56 @@ def test_a_failing_endpoint_is_retried_after_one_interval_besides_the_rotation()
     model = _after_round(model, 60.0, (Endpoint.COMPLETION,), ok=False, full=False)
     found = due(model, 120.0, interval=INTERVAL)
     assert found is not None and set(found.endpoints) == {Endpoint.CHAT, Endpoint.COMPLETION}
+
+
+def _hour_of_ticks(model: ModelState, *, poll: float = 15.0, **tokens: int) -> list[float]:
+    """The times periodic canaries start over an hour of polls every `poll` seconds after a first full round."""
+    model = _after_round(model, 0.0)
+    started = []
+    now = poll
+    while now <= 3600.0:
+        found = due(model, now, interval=INTERVAL, **tokens)
+        if found is not None:
+            assert not found.full and len(found.endpoints) == 1
+            started.append(now)
+            model = _after_round(model, now, found.endpoints, full=False)
+        now += poll
+    return started
+
+
+def test_a_larger_canary_comes_less_often_so_every_steady_server_costs_the_same_tokens() -> None:
+    plain, speculating = _polled(), _polled(speculative=True)
+    no_slots = replace(plain, poll=PollResult(plain.poll.props, None))  # speculation unknown: canaried as if on
+    assert not plain.suspect and speculating.suspect and no_slots.suspect
+    assert spacing(plain, interval=INTERVAL) == INTERVAL
+    assert spacing(speculating, interval=INTERVAL) == spacing(no_slots, interval=INTERVAL) == INTERVAL * 32 / 8
+    for model, size in ((plain, 8), (speculating, 32), (no_slots, 32)):
+        canaries = _hour_of_ticks(model)
+        # canary_tokens (8) per canary_interval (60 s): 480 tokens an hour, whatever the canary's size.
+        assert len(canaries) * size <= 8 * 3600 / INTERVAL, (model.suspect, canaries)
+        assert len(canaries) * size >= 8 * (3600 - INTERVAL * size / 8) / INTERVAL, (model.suspect, canaries)
+
+
+def test_the_configured_canary_sizes_set_the_spacing() -> None:
+    speculating = _polled(speculative=True)
+    assert spacing(speculating, interval=INTERVAL, tokens=16, tokens_speculating=16) == INTERVAL
+    assert spacing(speculating, interval=INTERVAL, tokens=16, tokens_speculating=8) == INTERVAL  # never more often
+    model = _after_round(speculating, 0.0)
+    assert due(model, 60.0, interval=INTERVAL, tokens=16, tokens_speculating=16) is not None
+    assert due(model, 60.0, interval=INTERVAL) is None  # the defaults: 32 tokens every 4 x 60 s
+    assert due(model, 239.0, interval=INTERVAL) is None
+    assert due(model, 240.0, interval=INTERVAL) is not None
+
+
+def test_a_change_on_a_speculating_model_still_gets_a_full_round_at_once() -> None:
+    model = _after_round(_polled(speculative=True), 0.0)
+    for change in ({"speculative": False}, {"speculative": True, "build": "b2"}):
+        found = due(_polled(model, **change), 1.0, interval=INTERVAL)
+        assert found is not None and found.full, change
+
+
+def test_a_failing_endpoint_of_a_speculating_model_is_still_retried_after_one_interval() -> None:
+    model = _after_round(_polled(speculative=True), 0.0)
+    model = _after_round(model, 10.0, (Endpoint.CHAT,), ok=False, full=False)
+    found = due(model, 70.0, interval=INTERVAL)
+    assert found is not None and found.endpoints == (Endpoint.CHAT,) and not found.rotation

@@ -1,4 +1,5 @@
-"""When a model is due a canary, and on which endpoints: all at once after a change, else one endpoint per canary_interval."""
+"""When a model is due a canary, and on which endpoints: all at once after a change, else one endpoint per canary_interval
+(longer in proportion for a larger canary)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ from dataclasses import dataclass
 
 from exporter.daemon.state import ModelState
 from exporter.probe.canary import Endpoint
+from exporter.settings import Settings
+
+DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default
+DEFAULT_TOKENS_SPECULATING: int = Settings.model_fields["canary_tokens_speculating"].default
 
 
 @dataclass(frozen=True)
@@ -19,14 +24,32 @@ class Round:
     """The periodic confirmation: it restarts the canary_interval clock."""
 
 
-def due(model: ModelState, now: float, *, interval: float) -> Round | None:
+def spacing(model: ModelState, *, interval: float, tokens: int = DEFAULT_TOKENS,
+            tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> float:
+    """The time between periodic canaries of `model`: `interval` for a canary of `tokens`, longer in proportion for a
+    larger one (the watcher asks `tokens_speculating` of a model that may speculate), so that every steady server costs
+    the same `tokens` per `interval`.
+
+    A model /slots says speculates gives up nothing by it: whatever would change its verdict (a restart without
+    speculation, another build) changes what the poll sees and gets a full round at once. A server with /slots off is
+    canaried as if it speculated, and there speculation cannot be seen: a restart that changes it, and nothing else
+    the poll sees, waits for this periodic canary unless a poll found the server down meanwhile (then it is "back").
+    """
+    size = tokens_speculating if model.suspect else tokens
+    return interval * max(1.0, size / tokens)
+
+
+def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT_TOKENS,
+        tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> Round | None:
     """The round due for `model` at `now`, or None.
 
     A model that cannot answer (its poll failed, or a router has it unloaded) gets nothing: canaries would only
-    fail, or load it. A change seen by the poll gets every endpoint at once. Otherwise one endpoint per `interval`,
-    the one canaried longest ago, so each endpoint is confirmed every `interval` x endpoints; an endpoint whose last
-    canary failed is retried after one `interval` instead of waiting its turn. A model that comes back after a failed
-    poll gets every endpoint too, but at most once per `interval`: a flapping server must not cost a round a poll.
+    fail, or load it. A change seen by the poll gets every endpoint at once. Otherwise one endpoint per `spacing()`
+    (`interval` for a model canaried with `tokens`), the one canaried longest ago, so each endpoint is confirmed every
+    spacing x endpoints; an endpoint whose last canary failed is retried after one `interval` instead of waiting its
+    turn. A model that comes back after a failed poll gets every endpoint too, but at most once per `interval`: a
+    flapping server must not cost a round a poll. `tokens` and `tokens_speculating` are the settings' canary_tokens
+    and canary_tokens_speculating (their defaults unless given).
     """
     if model.poll is None or not model.loaded or not model.endpoints:
         return None
@@ -41,7 +64,8 @@ def due(model: ModelState, now: float, *, interval: float) -> Round | None:
         return float("inf") if canary is None else now - canary.attempted_at
 
     picks: list[Endpoint] = []
-    rotation = model.rotated_at is None or now - model.rotated_at >= interval
+    every = spacing(model, interval=interval, tokens=tokens, tokens_speculating=tokens_speculating)
+    rotation = model.rotated_at is None or now - model.rotated_at >= every
     if rotation:
         picks.append(max(model.endpoints, key=age))
     failing = [e for e in model.endpoints if e not in picks and (c := model.canaries.get(e)) is not None and not c.success
