@@ -1,0 +1,216 @@
+"""Canary economy on real llama-servers: a change is canaried at the next poll, a steady server stays within its token
+budget (its own /metrics), and every speculation type is still caught at the default canary sizes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.canary_economy import PREDICTED, ROUTER_MODEL, Router, counters
+from exporter.daemon.cadence import spacing
+from exporter.daemon.schedule import Schedule
+from exporter.daemon.state import Fleet, ModelState
+from exporter.daemon.watch import Watcher
+from exporter.demo.llamaserver import LlamaServer
+from exporter.demo.tinymodel import write_cycle_model
+from exporter.probe.canary import Endpoint
+from exporter.probe.fetch import Fetcher, new_client
+from exporter.settings import Settings
+from exporter.verdict import Verdict
+
+pytestmark = pytest.mark.real
+
+DRAFT = ["-md", "{model}", "--spec-type", "draft-simple"]
+SPECULATION = {"draft-simple": DRAFT, "ngram-mod": ["--spec-type", "ngram-mod"],
+               "ngram-map-k": ["--spec-type", "ngram-map-k"]}
+CANARY_ALLOWANCE = 2.0
+"""Seconds one canary round may take on the generated model under load (it takes a fraction of one)."""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_cycle_model(tmp_path_factory.mktemp("economy") / "cycle.gguf")
+
+
+def _server(model: Path, extra: list[str], tmp_path: Path, **kw: object) -> LlamaServer:
+    return LlamaServer(model, ["--metrics", *(a.replace("{model}", str(model)) for a in extra)], log_dir=tmp_path, **kw)
+
+
+@contextlib.asynccontextmanager
+async def watching(**settings: object) -> AsyncIterator[tuple[Watcher, Schedule]]:
+    """The daemon's watcher on its real schedule (one job per server: poll, then the canaries due)."""
+    config = Settings(**settings)
+    client = new_client()
+    watcher = Watcher(config, Fleet(config.servers, config.canary_endpoints), Fetcher(client, config.max_response_bytes))
+    schedule = Schedule(watcher)
+    schedule.start(list(config.servers))
+    try:
+        yield watcher, schedule
+    finally:
+        schedule.shutdown()
+        await watcher.close()
+        await client.aclose()
+
+
+async def settle(watcher: Watcher, schedule: Schedule) -> None:
+    """Stop scheduling and let the canaries in flight finish (not cancel them: the server would still count them)."""
+    schedule.shutdown()
+    if watcher._rounds:
+        await asyncio.wait(list(watcher._rounds), timeout=60)
+
+
+def _model(watcher: Watcher, name: str) -> ModelState | None:
+    state = watcher.fleet.get(name)
+    if state is None:
+        return None
+    return next(iter(state.models.values()), None) if state.router else state.model()
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Wait for `condition`; the monotonic time it was first seen true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        await asyncio.sleep(0.05)
+    return time.monotonic()
+
+
+def _verdict(watcher: Watcher, name: str) -> Verdict | None:
+    model = _model(watcher, name)
+    return model.decision.verdict if model is not None else None
+
+
+def _round_done(watcher: Watcher, name: str) -> bool:
+    model = _model(watcher, name)
+    return model is not None and len(model.canaries) == len(model.endpoints) and name not in {
+        key[1] for key in watcher._in_flight if key[0] == "canary"}
+
+
+async def test_a_restart_with_a_draft_model_is_canaried_at_the_next_poll_not_the_next_interval(
+        model: Path, tmp_path: Path) -> None:
+    poll = 2.0
+    plain = _server(model, [], tmp_path).start()
+    restarted: LlamaServer | None = None
+    try:
+        # A canary interval of an hour: only the change seen by the poll can canary the restarted server.
+        async with watching(servers=[{"name": "target", "url": plain.url}], poll_interval=f"{poll:g}s",
+                            canary_interval="1h") as (watcher, _):
+            await until(lambda: _verdict(watcher, "target") is Verdict.CLEAN and _round_done(watcher, "target"), 30,
+                        "the first full round on the plain server")
+            assert _model(watcher, "target").canary_outcomes["success"] == len(Endpoint)
+
+            await asyncio.to_thread(plain.stop)
+            restarted = _server(model, DRAFT, tmp_path, port=plain.port)
+            await asyncio.to_thread(restarted.start)  # returns at its first /health 200
+            answered = time.monotonic()
+            caught = await until(lambda: _verdict(watcher, "target") is Verdict.FILL_INS, 30, "fill_ins after the restart")
+            assert caught - answered <= 2 * poll + CANARY_ALLOWANCE, f"caught {caught - answered:.1f}s after /health"
+
+            await until(lambda: _round_done(watcher, "target"), 30, "the round after the restart")
+            settings = watcher.settings
+            # One round of every endpoint at the speculating size, and nothing else: the server's own count.
+            predicted = (await asyncio.to_thread(counters, restarted.url))[PREDICTED]
+            assert predicted == len(Endpoint) * settings.canary_tokens_speculating
+            assert _model(watcher, "target").canary_outcomes["success"] == 2 * len(Endpoint)
+    finally:
+        for server in (plain, restarted):
+            if server is not None:
+                server.stop()
+
+
+async def test_a_steady_server_stays_within_its_canary_budget(model: Path, tmp_path: Path) -> None:
+    poll, interval, window = 1.0, 2.0, 24.0
+    plain = _server(model, [], tmp_path).start()
+    draft = _server(model, DRAFT, tmp_path).start()
+    try:
+        async with watching(servers=[{"name": "plain", "url": plain.url}, {"name": "draft", "url": draft.url}],
+                            poll_interval=f"{poll:g}s", canary_interval=f"{interval:g}s") as (watcher, schedule):
+            for name in ("plain", "draft"):
+                await until(lambda n=name: _verdict(watcher, n) not in (None, Verdict.UNCHECKED), 30, f"{name} verdict")
+            await asyncio.sleep(interval)  # the first full round (and a second pass, if one runs) is over
+            before = {s.url: (await asyncio.to_thread(counters, s.url))[PREDICTED] for s in (plain, draft)}
+            await asyncio.sleep(window)
+            after = {s.url: (await asyncio.to_thread(counters, s.url))[PREDICTED] for s in (plain, draft)}
+            settings = watcher.settings
+            for name, server, size in (("plain", plain, settings.canary_tokens),
+                                       ("draft", draft, settings.canary_tokens_speculating)):
+                spent = after[server.url] - before[server.url]
+                # The window's share of the budget (canary_tokens per canary_interval, whatever the canary's size),
+                # plus the one canary that may have started before the window and ended in it.
+                budget = settings.canary_tokens * window / settings.canary_interval + size
+                every = spacing(_model(watcher, name), interval=settings.canary_interval)
+                # Canaries start at polls, so one is late by at most a poll interval: the fewest the window holds.
+                fewest = (int(window // (every + poll)) - 1) * size
+                assert fewest <= spent <= budget, (name, spent, fewest, budget)
+            await settle(watcher, schedule)
+            for name, server in (("plain", plain), ("draft", draft)):
+                # Every token the server generated was a canary that specwatch asked for and counted.
+                total = (await asyncio.to_thread(counters, server.url))[PREDICTED]
+                assert total == _model(watcher, name).canary_tokens["generated"], name
+    finally:
+        plain.stop()
+        draft.stop()
+
+
+async def test_every_speculation_type_is_caught_at_the_default_sizes_and_a_plain_server_never_is(
+        model: Path, tmp_path: Path) -> None:
+    servers = {name: _server(model, extra, tmp_path).start() for name, extra in {"plain": [], **SPECULATION}.items()}
+    try:
+        async with watching(servers=[{"name": n, "url": s.url} for n, s in servers.items()], poll_interval="1s",
+                            canary_interval="2s") as (watcher, _):
+            settings = watcher.settings
+            assert (settings.canary_tokens, settings.canary_tokens_speculating) == (8, 32)  # the defaults
+            for name in servers:
+                await until(lambda n=name: _round_done(watcher, n), 30, f"a full round on {name}")
+            first = {name: dict(_model(watcher, name).canaries) for name in servers}
+            for name in SPECULATION:
+                assert _verdict(watcher, name) is Verdict.FILL_INS, (name, _model(watcher, name).decision.summary)
+                tallies = {e: c.tally for e, c in first[name].items()}
+                assert all(t is not None and t.tokens == settings.canary_tokens_speculating for t in tallies.values())
+                # Streaming too: a speculating server's stream carries no logprobs after its first chunk.
+                for endpoint in (Endpoint.COMPLETION, Endpoint.COMPLETION_STREAM):
+                    assert tallies[endpoint].fill_ins > 0, (name, endpoint, tallies[endpoint])
+            assert all(c.tally.fill_ins == c.tally.tokens - 1 for c in first["draft-simple"].values())
+            assert first["draft-simple"][Endpoint.CHAT_STREAM].tally.fill_ins > 0
+
+            # The plain server, over its first round and the rotation after it: never a fill-in.
+            seen = 0
+            deadline = time.monotonic() + 12
+            while time.monotonic() < deadline:
+                plain = _model(watcher, "plain")
+                assert plain.decision.verdict is Verdict.CLEAN, plain.decision.summary
+                assert all(c.tally is not None and c.tally.fill_ins == 0 and c.tally.tokens == settings.canary_tokens
+                           for c in plain.canaries.values())
+                seen = plain.canary_outcomes.get("success", 0)
+                await asyncio.sleep(0.5)
+            assert seen >= len(Endpoint) + 4, seen
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+async def test_a_router_model_reloaded_with_speculation_is_canaried_at_the_next_poll(model: Path, tmp_path: Path) -> None:
+    poll = 2.0
+    router = Router(model, tmp_path)
+    await asyncio.to_thread(router.start)
+    try:
+        await asyncio.to_thread(lambda: httpx.post(f"{router.url}/models/load", json={"model": ROUTER_MODEL}, timeout=30))
+        await until(lambda: router.status() == "loaded", 60, "the router model loaded")
+        async with watching(servers=[{"name": "router", "url": router.url}], poll_interval=f"{poll:g}s",
+                            canary_interval="1h") as (watcher, _):
+            await until(lambda: _verdict(watcher, "router") is Verdict.CLEAN and _round_done(watcher, "router"), 30,
+                        "the first full round on the router model")
+            # The preset now gives the model a draft; the router re-reads it, unloads the model, and a client loads it.
+            answered = await asyncio.to_thread(router.reload_with, [a.replace("{model}", str(model)) for a in DRAFT])
+            caught = await until(lambda: _verdict(watcher, "router") is Verdict.FILL_INS, 30, "fill_ins after the reload")
+            assert caught - answered <= 2 * poll + CANARY_ALLOWANCE, f"caught {caught - answered:.1f}s after loading"
+            assert _model(watcher, "router").model == ROUTER_MODEL
+    finally:
+        await asyncio.to_thread(router.stop)
