@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter.daemon.cadence import due, spacing
+from exporter.daemon.cadence import MAX_STRETCH, due, spacing
 from exporter.daemon.state import CanaryState, ModelState
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.llama import Props, Slots
@@ -101,28 +101,36 @@ def _hour_of_ticks(model: ModelState, *, poll: float = 15.0, **tokens: int) -> l
     return started
 
 
-def test_a_larger_canary_comes_less_often_so_every_steady_server_costs_the_same_tokens() -> None:
+def test_a_larger_canary_comes_less_often_so_a_speculating_server_costs_at_most_twice_a_plain_one() -> None:
     plain, speculating = _polled(), _polled(speculative=True)
     no_slots = replace(plain, poll=PollResult(plain.poll.props, None))  # speculation unknown: canaried as if on
     assert not plain.suspect and speculating.suspect and no_slots.suspect
     assert spacing(plain, interval=INTERVAL) == INTERVAL
-    assert spacing(speculating, interval=INTERVAL) == spacing(no_slots, interval=INTERVAL) == INTERVAL * 32 / 8
-    for model, size in ((plain, 8), (speculating, 32), (no_slots, 32)):
+    assert spacing(speculating, interval=INTERVAL) == spacing(no_slots, interval=INTERVAL) == 2 * INTERVAL
+    for model, size, per_hour in ((plain, 8, 480), (speculating, 32, 960), (no_slots, 32, 960)):
         canaries = _hour_of_ticks(model)
-        # canary_tokens (8) per canary_interval (60 s): 480 tokens an hour, whatever the canary's size.
-        assert len(canaries) * size <= 8 * 3600 / INTERVAL, (model.suspect, canaries)
-        assert len(canaries) * size >= 8 * (3600 - INTERVAL * size / 8) / INTERVAL, (model.suspect, canaries)
+        assert len(canaries) * size == per_hour, (model.suspect, canaries)  # every periodic canary on time: the most
+        assert per_hour <= 1440  # a tenth of the 14,400 tokens an hour of five 48-token canaries a minute
 
 
 def test_the_configured_canary_sizes_set_the_spacing() -> None:
     speculating = _polled(speculative=True)
     assert spacing(speculating, interval=INTERVAL, tokens=16, tokens_speculating=16) == INTERVAL
     assert spacing(speculating, interval=INTERVAL, tokens=16, tokens_speculating=8) == INTERVAL  # never more often
+    assert spacing(speculating, interval=INTERVAL, tokens=16, tokens_speculating=24) == 1.5 * INTERVAL
     model = _after_round(speculating, 0.0)
     assert due(model, 60.0, interval=INTERVAL, tokens=16, tokens_speculating=16) is not None
-    assert due(model, 60.0, interval=INTERVAL) is None  # the defaults: 32 tokens every 4 x 60 s
-    assert due(model, 239.0, interval=INTERVAL) is None
-    assert due(model, 240.0, interval=INTERVAL) is not None
+    assert due(model, 60.0, interval=INTERVAL) is None  # the defaults: 32 tokens every 2 x 60 s
+    assert due(model, 119.0, interval=INTERVAL) is None
+    assert due(model, 120.0, interval=INTERVAL) is not None
+
+
+def test_no_model_goes_long_enough_without_a_canary_for_the_stale_warning() -> None:
+    # SpecwatchCanaryStale: no successful canary for 2.5 x canary_interval, for 2m more.
+    for tokens, speculating in ((8, 32), (4, 512), (8, 8)):
+        model = _polled(speculative=True)
+        assert spacing(model, interval=INTERVAL, tokens=tokens, tokens_speculating=speculating) <= MAX_STRETCH * INTERVAL
+    assert MAX_STRETCH * INTERVAL + 15.0 < 2.5 * INTERVAL  # a canary one poll late is still not stale
 
 
 def test_a_change_on_a_speculating_model_still_gets_a_full_round_at_once() -> None:

@@ -142,10 +142,12 @@ async def test_a_steady_server_stays_within_its_canary_budget(model: Path, tmp_p
             for name, server, size in (("plain", plain, settings.canary_tokens),
                                        ("draft", draft, settings.canary_tokens_speculating)):
                 spent = after[server.url] - before[server.url]
-                # The window's share of the budget (canary_tokens per canary_interval, whatever the canary's size),
-                # plus the one canary that may have started before the window and ended in it.
-                budget = settings.canary_tokens * window / settings.canary_interval + size
-                every = spacing(_model(watcher, name), interval=settings.canary_interval)
+                every = spacing(_model(watcher, name), interval=settings.canary_interval, tokens=settings.canary_tokens,
+                                tokens_speculating=settings.canary_tokens_speculating)
+                assert every == settings.canary_interval * (1 if name == "plain" else 2)
+                # One canary of its size per spacing, plus the one that may have started before the window and ended
+                # in it: at the defaults (60 s, 8 and 32 tokens) 480 and 960 tokens an hour.
+                budget = size * window / every + size
                 # Canaries start at polls, so one is late by at most a poll interval: the fewest the window holds.
                 fewest = (int(window // (every + poll)) - 1) * size
                 assert fewest <= spent <= budget, (name, spent, fewest, budget)

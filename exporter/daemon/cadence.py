@@ -11,6 +11,9 @@ from exporter.settings import Settings
 
 DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default
 DEFAULT_TOKENS_SPECULATING: int = Settings.model_fields["canary_tokens_speculating"].default
+MAX_STRETCH = 2.0
+"""Periodic canaries of a model come at most this many canary_intervals apart, whatever their size:
+SpecwatchCanaryStale warns after 2.5 intervals (and 2m more) without a successful canary."""
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,8 @@ class Round:
 def spacing(model: ModelState, *, interval: float, tokens: int = DEFAULT_TOKENS,
             tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> float:
     """The time between periodic canaries of `model`: `interval` for a canary of `tokens`, longer in proportion for a
-    larger one (the watcher asks `tokens_speculating` of a model that may speculate), so that every steady server costs
-    the same `tokens` per `interval`.
+    larger one (the watcher asks `tokens_speculating` of a model that may speculate), up to MAX_STRETCH intervals. At
+    the defaults a plain server gets 8 tokens every 60 s (480 an hour), a speculating one 32 every 120 s (960).
 
     A model /slots says speculates gives up nothing by it: whatever would change its verdict (a restart without
     speculation, another build) changes what the poll sees and gets a full round at once. A server with /slots off is
@@ -36,7 +39,7 @@ def spacing(model: ModelState, *, interval: float, tokens: int = DEFAULT_TOKENS,
     the poll sees, waits for this periodic canary unless a poll found the server down meanwhile (then it is "back").
     """
     size = tokens_speculating if model.suspect else tokens
-    return interval * max(1.0, size / tokens)
+    return interval * min(MAX_STRETCH, max(1.0, size / tokens))
 
 
 def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT_TOKENS,
