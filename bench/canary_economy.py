@@ -195,14 +195,15 @@ class Steady:
         return predicted * 3600 / span, prompt * 3600 / span, len(self.rises) - 1, span
 
 
-def watch_steady(steady: list[Steady], scraper: Scraper, seconds: float, stop: threading.Event) -> None:
-    """Record each steady server's counter rises for `seconds` after its first full round."""
+def watch_steady(steady: list[Steady], scraper: Scraper, periods: int, stop: threading.Event) -> None:
+    """Record each steady server's counter rises after its first full round, until each has `periods` whole canary
+    periods (periods + 1 canaries)."""
     for item in steady:
         if scraper.wait(lambda s, n=item.name: verdict(s, n) not in (None, "unchecked"), after=0.0, timeout=120) is None:
             raise TimeoutError(f"no verdict on the steady server {item.name}")
     last = {item.name: counters(item.server.url) for item in steady}
     quiet_since = {item.name: time.monotonic() for item in steady}
-    started: dict[str, float] = {}
+    started: set[str] = set()
     while not stop.is_set():
         now = time.monotonic()
         for item in steady:
@@ -213,10 +214,10 @@ def watch_steady(steady: list[Steady], scraper: Scraper, seconds: float, stop: t
                 # The first full round (and its second pass, if any) ends in a burst; the window opens at the first
                 # canary after five quiet seconds.
                 if item.name in started or now - quiet_since[item.name] >= 5:
-                    started.setdefault(item.name, now)
+                    started.add(item.name)
                     item.rises.append((now, *rise))
                 quiet_since[item.name] = now
-        if len(started) == len(steady) and all(now - t >= seconds for t in started.values()):
+        if all(len(item.rises) > periods for item in steady):
             return
         stop.wait(0.5)
 
@@ -233,16 +234,18 @@ class Case:
 
 
 def run_case(case: Case, scraper: Scraper, repetitions: int, poll_interval: float, timeout: float,
-             errors: list[str]) -> None:
+             errors: list[str], stop: threading.Event) -> None:
     try:
         if scraper.wait(lambda s: verdict(s, case.server) == "clean", after=0.0, timeout=120) is None:
             raise TimeoutError(f"{case.name}: the plain server never came out clean")
         for _ in range(repetitions):
-            time.sleep(random.uniform(0, poll_interval))  # anywhere in the poll cycle
+            if stop.wait(random.uniform(0, poll_interval)):  # anywhere in the poll cycle
+                return
             answered = case.change()
             at = scraper.wait(lambda s: verdict(s, case.server) == "fill_ins", after=answered, timeout=timeout)
             case.caught.append(None if at is None else at - answered)
-            time.sleep(random.uniform(0, poll_interval))
+            if stop.wait(random.uniform(0, poll_interval)):
+                return
             answered = case.restore()
             at = scraper.wait(lambda s: verdict(s, case.server) == "clean", after=answered, timeout=timeout)
             case.cleared.append(None if at is None else at - answered)
@@ -296,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.canary_economy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=5, help="changes per detection case (default 5)")
-    parser.add_argument("--steady-minutes", type=float, default=5.0,
-                        help="how long to count each steady server's canaries after its first round (default 5)")
+    parser.add_argument("--periods", type=int, default=3,
+                        help="whole canary periods to count on each steady server after its first round (default 3)")
     parser.add_argument("--cases", default="draft-simple,ngram-mod,ngram-map-k,router",
                         help="detection cases (default: draft-simple,ngram-mod,ngram-map-k,router)")
     args = parser.parse_args(argv)
@@ -342,12 +345,15 @@ def main(argv: list[str] | None = None) -> int:
                 errors: list[str] = []
                 stop = threading.Event()
                 threads = [threading.Thread(target=run_case, args=(c, scraper, args.repetitions, defaults.poll_interval,
-                                                                    120.0, errors)) for c in cases]
+                                                                    120.0, errors, stop)) for c in cases]
                 for thread in threads:
                     thread.start()
                 try:
-                    watch_steady(steady, scraper, args.steady_minutes * 60, stop)
+                    watch_steady(steady, scraper, args.periods, stop)
+                    for thread in threads:
+                        thread.join()
                 finally:
+                    stop.set()  # an interrupted run stops its cases after the step in hand
                     for thread in threads:
                         thread.join()
                     scraper.stopping.set()
