@@ -34,10 +34,11 @@ from pathlib import Path
 
 import httpx
 
-from exporter.demo.llamaserver import LlamaServer, find_llama_server, free_port
+from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.settings import Settings
 from tests.support.metrics import Samples, find, parse
+from tests.support.router import PREDICTED, PROMPT, Router, answers, counters, until
 
 SPECULATION: dict[str, list[str]] = {
     "draft-simple": ["-md", "{model}", "--spec-type", "draft-simple"],
@@ -50,91 +51,11 @@ STEADY: dict[str, list[str]] = {
     "steady-draft-simple": SPECULATION["draft-simple"],
     "steady-ngram-mod": SPECULATION["ngram-mod"],
 }
-ROUTER_MODEL = "cyc"
 VERDICTS = ("clean", "fill_ins", "unproven", "unchecked")
 
 
 def _args(template: list[str], model: Path) -> list[str]:
     return [a.replace("{model}", str(model)) for a in template]
-
-
-def counters(url: str, query: str = "") -> dict[str, float]:
-    """A llama-server's own /metrics (started with --metrics), as {name: value} of its unlabelled samples."""
-    text = httpx.get(f"{url}/metrics{query}", timeout=10).text
-    return {name: value for (name, labels), value in parse(text).items() if not labels}
-
-
-PREDICTED, PROMPT = "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"
-
-
-class Router:
-    """A llama-server in router mode on 127.0.0.1: one preset file (one model section), no -m."""
-
-    def __init__(self, model: Path, workdir: Path) -> None:
-        self.model = model
-        self.preset = workdir / "router-preset.ini"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "router.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def write_preset(self, extra: list[str]) -> None:
-        lines = [f"[{ROUTER_MODEL}]", f"model = {self.model}", "c = 2048", "t = 1", "parallel = 1"]
-        # Flags become keys without their dashes: "-md X" is "model-draft = X", "--spec-type Y" is "spec-type = Y".
-        keys = {"-md": "model-draft", "--spec-type": "spec-type"}
-        lines += [f"{keys[flag]} = {value}" for flag, value in zip(extra[::2], extra[1::2], strict=True)]
-        self.preset.write_text("\n".join(lines) + "\n")
-
-    def start(self) -> None:
-        self.write_preset([])
-        command = [str(find_llama_server()), "--models-preset", str(self.preset), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--metrics", "--models-max", "1"]
-        with self.log.open("ab") as out:
-            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
-        _until(lambda: _ok(f"{self.url}/health"), 60, f"router on {self.url} answering /health")
-
-    def status(self) -> str:
-        listing = httpx.get(f"{self.url}/models", timeout=10).json()["data"]
-        return next(m["status"]["value"] for m in listing if m["id"] == ROUTER_MODEL)
-
-    def reload_with(self, extra: list[str]) -> float:
-        """Change the preset, make the router re-read it (it unloads the changed model), load the model again as a
-        request naming it would; returns the monotonic time /models first lists it loaded."""
-        self.write_preset(extra)
-        httpx.get(f"{self.url}/models?reload=1", timeout=30).raise_for_status()
-        _until(lambda: self.status() == "unloaded", 30, "the router to unload the changed model")
-        httpx.post(f"{self.url}/models/load", json={"model": ROUTER_MODEL}, timeout=30).raise_for_status()
-        _until(lambda: self.status() == "loaded", 60, "the router to load the model again", pause=0.05)
-        return time.monotonic()
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            proc.wait()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _until(condition: Callable[[], bool], timeout: float, what: str, pause: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:g}s")
-        time.sleep(pause)
 
 
 class Scraper(threading.Thread):
@@ -279,7 +200,7 @@ def specwatch(config: Path, workdir: Path) -> Iterator[str]:
                                     "--listen", f"127.0.0.1:{port}", "--log-format", "json"],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        _until(lambda: _ok(f"http://127.0.0.1:{port}/-/ready"), 30, "specwatch ready")
+        until(lambda: answers(f"http://127.0.0.1:{port}/-/ready"), 30, "specwatch ready")
         yield f"http://127.0.0.1:{port}/metrics"
     finally:
         process.terminate()
@@ -323,11 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             servers = [(item.name, item.server.url) for item in steady]
             for name in cases_wanted:
                 if name == "router":
-                    router = Router(model, workdir)
-                    router.start()
+                    router = Router(model, workdir).start()
                     stops.append(router.stop)
-                    httpx.post(f"{router.url}/models/load", json={"model": ROUTER_MODEL}, timeout=30)
-                    _until(lambda r=router: r.status() == "loaded", 60, "the router model loaded")
+                    router.load()
                     cases.append(Case("router model reloaded with draft-simple",
                                       lambda r=router: r.reload_with(_args(SPECULATION["draft-simple"], model)),
                                       lambda r=router: r.reload_with([]), server="router"))

@@ -9,10 +9,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
-from bench.canary_economy import PREDICTED, ROUTER_MODEL, Router, counters
 from exporter.daemon.cadence import spacing
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.state import Fleet, ModelState
@@ -23,6 +21,7 @@ from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import Settings
 from exporter.verdict import Verdict
+from tests.support.router import PREDICTED, ROUTER_MODEL, Router, counters
 
 pytestmark = pytest.mark.real
 
@@ -203,8 +202,7 @@ async def test_a_router_model_reloaded_with_speculation_is_canaried_at_the_next_
     router = Router(model, tmp_path)
     await asyncio.to_thread(router.start)
     try:
-        await asyncio.to_thread(lambda: httpx.post(f"{router.url}/models/load", json={"model": ROUTER_MODEL}, timeout=30))
-        await until(lambda: router.status() == "loaded", 60, "the router model loaded")
+        await asyncio.to_thread(router.load)
         async with watching(servers=[{"name": "router", "url": router.url}], poll_interval=f"{poll:g}s",
                             canary_interval="1h") as (watcher, _):
             await until(lambda: _verdict(watcher, "router") is Verdict.CLEAN and _round_done(watcher, "router"), 30,
