@@ -207,3 +207,19 @@ async def test_a_canary_answered_by_another_model_is_a_model_mismatch_not_a_verd
     assert model.canaries["completion"].tally is None and model.serving_fill_ins is None
     await watcher.poll("a")  # the poll says the same, and the daemon sends no canary after a failed poll
     assert watcher.fleet.get("a").poll_failure_reason is Reason.MODEL_MISMATCH
+
+
+async def test_periodic_canaries_are_spaced_by_the_configured_token_sizes(make_watcher, clock) -> None:
+    async def attempts_after(seconds: float, **settings_kw: object) -> int:
+        watcher = make_watcher({"d": FakeLlama.draft()}, canary_endpoints=["completion"], **settings_kw)
+        seen = set()
+        for _ in range(2):
+            await watcher.tick("d")
+            await asyncio.gather(*watcher._rounds)
+            seen.add(watcher.fleet.get("d").model().canaries["completion"].attempted_at)
+            clock.advance(seconds)
+        return len(seen)
+
+    # A speculating server asked for 32 tokens (4 x canary_tokens) waits two intervals; asked for 8, one.
+    assert await attempts_after(60, canary_interval=60, canary_tokens=8, canary_tokens_speculating=32) == 1
+    assert await attempts_after(60, canary_interval=60, canary_tokens=8, canary_tokens_speculating=8) == 2

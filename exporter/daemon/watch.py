@@ -114,7 +114,8 @@ class Watcher:
             return
         now = self._clock()
         for key, model in state.models.items():
-            found = due(model, now, interval=self.settings.canary_interval)
+            found = due(model, now, interval=self.settings.canary_interval, tokens=self.settings.canary_tokens,
+                        tokens_speculating=self.settings.canary_tokens_speculating)
             if found is not None and ("canary", name, key) not in self._in_flight:
                 task = asyncio.ensure_future(self.canary(name, key, found))
                 self._rounds.add(task)
