@@ -8,7 +8,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,7 +16,6 @@ from exporter.demo.llamaserver import LlamaRouter, LlamaServer, free_port, route
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
-    RULES,
     Delivery,
     WebhookReceiver,
     alert_rules,
@@ -26,9 +24,11 @@ from tests.support.chain import (
     http_ok,
     prometheus_query,
     substitute,
+    write_yaml,
 )
 from tests.support.chain import alertmanager as chain_alertmanager
 from tests.support.chain import prometheus as chain_prometheus
+from tests.support.chain import prometheus_config as example_prometheus_config
 from tests.support.faults import Status
 from tests.support.loopback import FaultServer
 from tests.support.process import Process, wait_until
@@ -52,18 +52,11 @@ def specwatch_config(servers: dict[str, str]) -> dict:
 
 def prometheus_config(exporter: str, alertmanager: str) -> dict:
     """examples/prometheus.yml with the test's addresses and intervals; everything else as a user gets it."""
-    config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval=SCRAPE, evaluation_interval=EVALUATION)
-    rule_files = [(EXAMPLES / path).resolve() for path in config["rule_files"]]
-    assert rule_files == [RULES], "the example must load the repository's rule file"
-    config["rule_files"] = [str(path) for path in rule_files]
-    (manager,) = config["alerting"]["alertmanagers"]
-    manager["static_configs"] = [{"targets": [alertmanager]}]
-    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    jobs["specwatch"].update(scrape_interval=SCRAPE, static_configs=[{"targets": [exporter]}])
+    assert SCRAPE == EVALUATION
+    config, jobs = example_prometheus_config(alertmanager, interval=SCRAPE)
+    jobs["specwatch"].update(static_configs=[{"targets": [exporter]}])
     # llama-server's own /metrics, through the exporter's /sd, as the example sets it up.
-    jobs["llama-server"].update(scrape_interval=SCRAPE,
-                                http_sd_configs=[{"url": f"http://{exporter}/sd", "refresh_interval": SCRAPE}])
+    jobs["llama-server"].update(http_sd_configs=[{"url": f"http://{exporter}/sd", "refresh_interval": SCRAPE}])
     return config
 
 
@@ -75,11 +68,6 @@ class Chain:
     page: Delivery
     page_alert: dict
     latency: float
-
-
-def _write(path: Path, config: dict) -> Path:
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def _page(receiver: WebhookReceiver) -> tuple[Delivery, dict] | None:
@@ -110,13 +98,13 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     exporter, prometheus_address, alertmanager_address = (f"127.0.0.1:{ports[n]}" for n in ports)
     prometheus = f"http://{prometheus_address}"
 
-    config = _write(work / "specwatch.yml", specwatch_config({
+    config = write_yaml(work / "specwatch.yml", specwatch_config({
         "plain": plain.url, "draft": draft.url, "broken": broken.url, "router": router.url}))
     specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
                                       "--log-level", "debug"], work)
-    alertmanager = chain_alertmanager(work, _write(work / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT)),
+    alertmanager = chain_alertmanager(work, write_yaml(work / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT)),
                                       alertmanager_address)
-    prometheus_process = chain_prometheus(work, _write(work / "prometheus.yml", prometheus_config(exporter, alertmanager_address)),
+    prometheus_process = chain_prometheus(work, write_yaml(work / "prometheus.yml", prometheus_config(exporter, alertmanager_address)),
                                           prometheus_address)
     processes = [specwatch, alertmanager, prometheus_process]
     try:

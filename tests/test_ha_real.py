@@ -36,16 +36,17 @@ from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     REPO,
-    RULES,
     Delivery,
     WebhookReceiver,
     alert_rules,
     alertmanager_config,
     http_ok,
     prometheus_query,
+    write_yaml,
 )
 from tests.support.chain import alertmanager as chain_alertmanager
 from tests.support.chain import prometheus as chain_prometheus
+from tests.support.chain import prometheus_config as example_prometheus_config
 from tests.support.process import Process, wait_until
 
 pytestmark = pytest.mark.real
@@ -75,22 +76,10 @@ def specwatch_config(servers: dict[str, str]) -> dict:
 
 def prometheus_config(replicas: list[str], alertmanager: str) -> dict:
     """examples/prometheus.yml scraping every replica under its one specwatch job, with the test's intervals."""
-    config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval=SCRAPE, evaluation_interval=EVALUATION)
-    rule_files = [(EXAMPLES / path).resolve() for path in config["rule_files"]]
-    assert rule_files == [RULES], "the example must load the repository's rule file"
-    config["rule_files"] = [str(path) for path in rule_files]
-    (manager,) = config["alerting"]["alertmanagers"]
-    manager["static_configs"] = [{"targets": [alertmanager]}]
-    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
-    job["scrape_interval"] = SCRAPE
-    job["static_configs"] = [{"targets": replicas}]
+    assert SCRAPE == EVALUATION
+    config, jobs = example_prometheus_config(alertmanager, interval=SCRAPE)
+    jobs[JOB]["static_configs"] = [{"targets": replicas}]
     return config
-
-
-def _write(path: Path, config: dict) -> Path:
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def _get(url: str) -> dict:
@@ -173,14 +162,14 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
     try:
         plain.start()
         draft.start()
-        config = _write(tmp_path / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url}))
+        config = write_yaml(tmp_path / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url}))
         replicas = {address: Process(f"specwatch-{name}", [
             sys.executable, "-m", "exporter", "run", "--config", config, "--listen", address,
         ], tmp_path) for name, address in (("a", a), ("b", b))}
-        alertmanager = chain_alertmanager(tmp_path, _write(tmp_path / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)),
+        alertmanager = chain_alertmanager(tmp_path, write_yaml(tmp_path / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)),
                                           alertmanager_address)
         prometheus_process = chain_prometheus(
-            tmp_path, _write(tmp_path / "prometheus.yml", prometheus_config([a, b], alertmanager_address)), prometheus_address)
+            tmp_path, write_yaml(tmp_path / "prometheus.yml", prometheus_config([a, b], alertmanager_address)), prometheus_address)
         processes = [*replicas.values(), alertmanager, prometheus_process]
         for process in processes:
             process.start()

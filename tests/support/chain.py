@@ -248,3 +248,24 @@ def alertmanager_config(webhook: str, **timing: str) -> dict:
 
     retime(config["route"])
     return config
+
+
+def prometheus_config(alertmanager: str, *, interval: str) -> tuple[dict, dict[str, dict]]:
+    """examples/prometheus.yml with the repository's rule file, `alertmanager` as its Alertmanager and `interval` for
+    scraping (every job) and evaluation; everything else as a user gets it. Returns the config and its jobs by name."""
+    config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval=interval, evaluation_interval=interval)
+    rule_files = [(EXAMPLES / path).resolve() for path in config["rule_files"]]
+    assert rule_files == [RULES], "the example must load the repository's rule file"
+    config["rule_files"] = [str(path) for path in rule_files]
+    (manager,) = config["alerting"]["alertmanagers"]
+    manager["static_configs"] = [{"targets": [alertmanager]}]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    for job in jobs.values():
+        job["scrape_interval"] = interval
+    return config, jobs
+
+
+def write_yaml(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
