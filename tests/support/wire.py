@@ -113,9 +113,18 @@ class Lookalike:
     """Anything that answers wire requests; callable with an httpx.Request, so `httpx.MockTransport(fake)` works."""
 
     _memo: dict[str, tuple[tuple, Any]]
+    api_key: str | None
 
     def answer(self, request: Request) -> Answer:
         raise NotImplementedError
+
+    def health_or_refusal(self, request: Request) -> Answer | None:
+        """/health answers without a key, as llama-server's does; anything else is refused without the right key."""
+        if request.path == "/health":
+            return HEALTHY
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return UNAUTHORIZED
+        return None
 
     def _memoised(self, kind: str, key: tuple, build: Callable[[], Any]) -> Any:
         """What `build` made for `key` last time; tests change a server's fields between requests, so the key is its state."""
@@ -211,11 +220,9 @@ class FakeLlama(Lookalike):
         return self.model_path or f"/models/{self.model_alias}"
 
     def answer(self, request: Request) -> Answer:
+        if (before := self.health_or_refusal(request)) is not None:
+            return before
         path, method = request.path, request.method
-        if path == "/health":
-            return HEALTHY
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            return UNAUTHORIZED
         if method in GET:
             if path == "/props":
                 return self._props()
@@ -508,11 +515,9 @@ class FakeRouter(Lookalike):
         self.status[name] = "unloaded"
 
     def answer(self, request: Request) -> Answer:
+        if (before := self.health_or_refusal(request)) is not None:
+            return before
         path, method = request.path, request.method
-        if path == "/health":
-            return HEALTHY
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            return UNAUTHORIZED
         if method in GET:
             if path in MODELS_PATHS:
                 return self._listing()
