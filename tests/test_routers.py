@@ -50,6 +50,25 @@ async def test_the_daemon_watches_every_loaded_model_and_loads_none(make_watcher
     assert value(samples, "specwatch_up", server="router") == 1
 
 
+async def test_a_routers_models_are_logged_as_found_and_their_verdicts_once_known(make_watcher) -> None:
+    import structlog
+
+    router = _router()
+    watcher = make_watcher({"router": router}, canary_endpoints=["chat"])
+    with structlog.testing.capture_logs() as logs:
+        await watcher.poll("router")
+        await asyncio.gather(*(watcher.canary("router", key) for key in ("plain", "draft")))
+        router.unload("draft")
+        await watcher.poll("router")
+    lines = [(e["event"], e.get("model"), e.get("status") or e.get("verdict")) for e in logs
+             if e["event"] in ("model_status", "verdict_changed")]
+    # Found models say their status; none logs "unchecked" before its first canary, as a configured server does not.
+    assert lines[:3] == [("model_status", "plain", "loaded"), ("model_status", "draft", "loaded"),
+                         ("model_status", "cold", "unloaded")]
+    assert sorted(lines[3:5]) == [("verdict_changed", "draft", "fill_ins"), ("verdict_changed", "plain", "clean")]
+    assert lines[5:] == [("model_status", "draft", "unloaded"), ("verdict_changed", "draft", "unchecked")]
+
+
 async def test_a_model_unloaded_between_listing_and_canary_is_a_state_not_a_failure(make_watcher) -> None:
     router = _router()
     watcher = make_watcher({"router": router}, canary_endpoints=["completion"])

@@ -251,11 +251,12 @@ def _log_changes(name: str, change: Change | None) -> None:
     for key, model in new.models.items():
         before: ModelState | None = old.models.get(key)
         where = {"server": name, **({"model": key} if key else {})}
-        if before is not None and before.status != model.status and new.router:
-            log.info("model_status", status=model.status, previous=before.status, **where)
-        previous = before.decision.verdict if before is not None else None
+        if new.router and (before is None or before.status != model.status):
+            log.info("model_status", status=model.status, previous=before.status if before else None, **where)
+        previous = before.decision.verdict if before is not None else Verdict.UNCHECKED
         verdict = model.decision.verdict
+        # A model is unchecked until its first canary, whether configured or found on a router: no line for that.
         if previous is not verdict:
             level = log.warning if verdict is Verdict.FILL_INS else log.info
-            level("verdict_changed", verdict=verdict.value, previous=previous.value if previous else None,
+            level("verdict_changed", verdict=verdict.value, previous=previous.value,
                   summary=model.decision.summary, **where)
