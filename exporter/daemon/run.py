@@ -137,6 +137,9 @@ class Daemon:
                 self.status = replace(self.status, reload_successful=False)
                 log.error("reload_failed", error=str(err))
                 return str(err)
+            # Key names only: a value may be a secret.
+            changed = [key for key in type(settings).model_fields if getattr(settings, key) != getattr(self.settings, key)]
+            before = {server.name for server in self._watched()}
             self.settings = settings
             self.discovery.configure(settings)
             await self.discovery.refresh_all()
@@ -144,7 +147,9 @@ class Daemon:
                 self.discovery.start()
             servers = self._apply()
             self.status = self._status(reload_successful=True)
-            log.info("reloaded", servers=len(servers))
+            after = {server.name for server in servers}
+            log.info("reloaded", servers=len(servers), added=len(after - before), removed=len(before - after),
+                     changed=changed)
             for warning in settings.warnings:
                 log.warning("config_warning", warning=warning)
             return None
