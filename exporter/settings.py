@@ -646,6 +646,23 @@ def _duplicate_names(data: Any) -> list[str]:
 _SELF_NAMING = frozenset({"api_key_file", "api_key_env"})
 
 
+# Settings that only the command line sets: a config file naming one is told where it goes.
+_COMMAND_LINE_ONLY = {"listen": "--listen", "web_config": "--web-config", "log_level": "--log-level",
+                      "log_format": "--log-format", "config": "--config"}
+
+
+def _unknown_key_hint(loc: tuple[Any, ...]) -> str:
+    key = str(loc[-1])
+    if len(loc) == 1 and key in _COMMAND_LINE_ONLY:
+        return f": it is a command-line flag ({_COMMAND_LINE_ONLY[key]}), not a config key"
+    if key == "api_key":
+        return ": a key is never written in the config; use api_key_file or api_key_env"
+    known = (Settings.model_fields if len(loc) == 1 else
+             ServerConfig.model_fields if len(loc) == 3 and loc[0] == "servers" else None)
+    guess = difflib.get_close_matches(key, list(known or ()), n=1, cutoff=0.75)
+    return f" (did you mean {guess[0]}?)" if guess else ""
+
+
 def _describe(err: ValidationError, data: Any) -> list[str]:
     servers = data.get("servers") if isinstance(data, dict) else None
     problems = []
@@ -667,7 +684,7 @@ def _describe(err: ValidationError, data: Any) -> list[str]:
                 where += f".{part}"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = "unknown key" + _unknown_key_hint(loc)
         problems.append(f"{where or 'config'}: {message}")
     return problems
 
