@@ -1,10 +1,11 @@
-"""Benchmark: specwatch and prometheus-blackbox-exporter on the same simulated fleet, CPU and wall time per cycle."""
+"""Benchmark: specwatch and prometheus-blackbox-exporter on one simulated fleet: CPU per request, /metrics, memory."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -13,7 +14,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -21,21 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.loopback import STATS_PATH
 from tests.support.net import free_port
-from tests.support.simfleet import (
-    STATS_PATH,
-    FleetOptions,
-    SimFleetProcess,
-    SimServer,
-    build_config,
-    raise_fd_limit,
-    write_config,
-)
+from tests.support.simfleet import FleetOptions, SimFleetProcess, SimServer, build_config, raise_fd_limit, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 BLACKBOX_PACKAGE = "prometheus-blackbox-exporter"
 BLACKBOX_MODULE = "llama_props"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+POLL_PATHS = ("/health", "/props", "/slots", "/models", "/v1/models")
+CANARY_TOKENS = 48
+"""The issue's realistic canary: 48 tokens with logprobs, as bodies and as streams."""
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -60,16 +56,27 @@ def fleet_stats(url: str) -> dict[str, Any]:
         return json.loads(answer.read())
 
 
-def http_get_timed(url: str) -> tuple[float, int]:
+def scrape(url: str) -> tuple[float, int, int]:
+    """(wall seconds, bytes on the wire, bytes uncompressed) of one /metrics scrape that accepts gzip, as Prometheus does."""
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
     started = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as answer:
-        size = len(answer.read())
-    return time.perf_counter() - started, size
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        body = answer.read()
+        wall = time.perf_counter() - started
+        plain = gzip.decompress(body) if answer.headers.get("Content-Encoding") == "gzip" else body
+    return wall, len(body), len(plain)
+
+
+def _requests(after: dict[str, Any], before: dict[str, Any]) -> tuple[int, int, int]:
+    """(all requests, poll requests, new connections) the fleet saw between two readings of its stats."""
+    total = after["requests"] - before["requests"]
+    polls = sum(after["by_path"].get(p, 0) - before["by_path"].get(p, 0) for p in POLL_PATHS)
+    return total, polls, after["connections"] - before["connections"]
 
 
 @dataclass
-class Cycle:
-    """One measured cycle of one tool."""
+class Row:
+    """CPU for a number of requests the fleet served."""
 
     tool: str
     what: str
@@ -77,140 +84,137 @@ class Cycle:
     wall: float
     cpu: float
     requests: int
-    connections: int | None
-    ok: int
-    note: str = ""
+    connections: int
+    ok: str = ""
 
     @property
-    def cpu_per_request_ms(self) -> float:
+    def per_request_ms(self) -> float:
         return 1000 * self.cpu / self.requests if self.requests else float("nan")
 
 
 @dataclass
-class Footprint:
-    tool: str
-    servers: int
-    rss_mb: float
-    peak_rss_mb: float
-    metrics_bytes: int
-    served_ms: float
-    """Median wall time of the /metrics body as the daemon's handler renders it today."""
-    fast: dict[str, float] = field(default_factory=dict)
-    """SpecwatchCollector.exposition(): wall ms of the first, a typical and an unchanged-fleet render."""
-    note: str = ""
-
-
-@dataclass
 class Results:
-    cycles: list[Cycle] = field(default_factory=list)
-    footprints: list[Footprint] = field(default_factory=list)
-    steady: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    sizes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Per fleet size: the specwatch workers' raw figures and blackbox_exporter's footprint."""
 
 
 # ---------------------------------------------------------------------------------------------
-# specwatch, measured in a worker process of its own
+# specwatch, measured in worker processes of their own, so that process CPU counts specwatch alone
 
 
-def _delta(after: dict[str, Any], before: dict[str, Any]) -> tuple[int, int]:
-    return after["requests"] - before["requests"], after["connections"] - before["connections"]
+def _series_per_server(text: str, servers: int) -> float:
+    per_server = sum(1 for line in text.splitlines() if line.startswith("specwatch_") and 'server="' in line)
+    return per_server / servers if servers else 0.0
 
 
-async def _worker_cycles(config: Path, fleet_url: str, keepalive: float, renders: int) -> dict[str, Any]:
+async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict[str, Any]:
+    """Poll and canary cycles over the whole fleet, driven through the daemon's own Watcher."""
+    from exporter.daemon.cadence import Round
     from exporter.daemon.run import Daemon
+    from exporter.probe.canary import Endpoint
     from exporter.settings import load_settings
 
-    settings = load_settings(config)
-    daemon = Daemon(config, settings)
+    daemon = Daemon(config, load_settings(config))
     names = [s.config.name for s in daemon.fleet.snapshot()]
-    speculating = {s.config.name for s in daemon.fleet.snapshot() if s.config.labels.get("kind") == "speculating"}
     out: dict[str, Any] = {"servers": len(names)}
+    with contextlib.suppress(ImportError):  # what Daemon.run() does once started, where the daemon does it
+        from exporter.daemon import memory
 
-    async def cycle(kind: str) -> dict[str, Any]:
+        memory.tune()
+
+    async def cycle(run: Callable[[str], Any]) -> dict[str, Any]:
         before = fleet_stats(fleet_url)
         wall, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(getattr(daemon.watcher, kind)(name) for name in names))
+        await asyncio.gather(*(run(name) for name in names))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        requests, connections = _delta(fleet_stats(fleet_url), before)
-        snapshot = daemon.fleet.snapshot()
-        if kind == "poll":
-            ok = sum(1 for s in snapshot if s.poll_success)
-        else:
-            ok = sum(1 for s in snapshot if (m := s.model()).canaries and all(c.success for c in m.canaries.values()))
-        return {"wall": wall, "cpu": cpu, "requests": requests, "connections": connections, "ok": ok}
+        requests, _, connections = _requests(fleet_stats(fleet_url), before)
+        return {"wall": wall, "cpu": cpu, "requests": requests, "connections": connections}
 
-    out["poll_first"] = await cycle("poll")
+    def canaries(*endpoints: Endpoint) -> Callable[[str], Any]:
+        plan = Round(endpoints, full=False, rotation=True)
+        return lambda name: daemon.watcher.canary(name, "", plan)
+
+    out["poll_first"] = await cycle(daemon.watcher.poll)
     # llama-server drops idle connections after its keep-alive timeout, shorter than any poll interval:
     # a production poll cycle always starts on new connections.
     await asyncio.sleep(keepalive + 0.5)
-    out["poll_new_connections"] = await cycle("poll")
-    out["poll_kept_alive"] = await cycle("poll")
+    out["poll_new"] = await cycle(daemon.watcher.poll)
+    out["poll_kept"] = await cycle(daemon.watcher.poll)
     await asyncio.sleep(keepalive + 0.5)
-    out["canary"] = await cycle("canary")
+    bodies = canaries(Endpoint.COMPLETION, Endpoint.COMPLETION_POST_SAMPLING, Endpoint.CHAT)
+    streams = canaries(Endpoint.COMPLETION_STREAM, Endpoint.CHAT_STREAM)
+    await cycle(bodies)  # connections opened and answers cached by the fleet: the cycles below are alike
+    out["canary_bodies"] = await cycle(bodies)
+    out["canary_streams"] = await cycle(streams)
     snapshot = daemon.fleet.snapshot()
-    out["verdicts_right"] = sum(1 for s in snapshot if s.model().serving_fill_ins == (s.config.name in speculating))
-    out.update(await _renders(daemon, names, renders))
+    kinds = {s.config.name: s.config.labels.get("kind") == "speculating" for s in snapshot}
+    out["verdicts_right"] = sum(1 for s in snapshot if s.model().serving_fill_ins == kinds[s.config.name])
+    out["polled_ok"] = sum(1 for s in snapshot if s.poll_success)
     out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
     await daemon.client.aclose()
     return out
 
 
-def _timed(render: Callable[[], bytes]) -> tuple[float, float, int]:
-    """(wall ms, CPU ms, size) of one render; the body is dropped at once so it does not swell the RSS figures."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    size = len(render())
-    return 1000 * (time.perf_counter() - wall), 1000 * (time.process_time() - cpu), size
+def _record_scrapes(into: list[dict[str, float]]) -> None:
+    """Times every /metrics answer in the HTTP thread that serves it: render, gzip and write, in thread CPU and wall."""
+    from exporter.daemon import web
+
+    serve = web._Handler.do_GET
+
+    def timed(handler: Any) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        serve(handler)
+        if handler.path.startswith("/metrics"):
+            into.append({"at": time.monotonic(), "wall": time.perf_counter() - wall, "cpu": time.thread_time() - cpu})
+
+    web._Handler.do_GET = timed  # type: ignore[method-assign]
 
 
-async def _renders(daemon: Any, names: list[str], renders: int) -> dict[str, Any]:
-    """/metrics as served today (generate_latest over the registry) and through the collector's exposition()."""
-    from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
-
-    from exporter.daemon.collector import SpecwatchCollector
-
-    served = [_timed(lambda: generate_latest(daemon.registry)) for _ in range(renders)]
-    collector = SpecwatchCollector(daemon.fleet, lambda: daemon.status)
-    runtime = CollectorRegistry(auto_describe=False)
-    ProcessCollector(registry=runtime)
-    PlatformCollector(registry=runtime)
-
-    def fast() -> bytes:
-        return collector.exposition() + generate_latest(runtime)
-
-    first = _timed(fast)
-    unchanged = [_timed(fast) for _ in range(renders)]
-    # What a scrape 15 s after the last one finds: every server polled again, a quarter of them canaried
-    # (canaries run every 60 s, spread over the interval).
-    await asyncio.gather(*(daemon.watcher.poll(n) for n in names), *(daemon.watcher.canary(n) for n in names[::4]))
-    typical = _timed(fast)
-    alone = CollectorRegistry(auto_describe=False)
-    alone.register(collector)
-    same = collector.exposition() == generate_latest(alone)
-    lines = generate_latest(daemon.registry).count(b"\n")
-    return {
-        "served_ms": statistics.median(t[0] for t in served), "served_cpu_ms": statistics.median(t[1] for t in served),
-        "fast_first_ms": first[0], "fast_typical_ms": typical[0], "fast_typical_cpu_ms": typical[1],
-        "fast_unchanged_ms": statistics.median(t[0] for t in unchanged), "fast_equals_served": same,
-        "metrics_bytes": served[-1][2], "metrics_lines": lines,
-    }
+async def _settled(daemon: Any, limit: float) -> float:
+    """Seconds until every server was polled and its first canary rounds ended (the start-up burst), at most `limit`."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        snapshot = daemon.fleet.snapshot()
+        polled = all(s.poll_success is not None for s in snapshot)
+        rounds_due = any(m.full_round_due for s in snapshot for m in s.models.values())
+        if polled and not rounds_due and not daemon.watcher._rounds:
+            break
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
 
 
-async def _worker_steady(config: Path, seconds: float, port: int) -> dict[str, Any]:
+async def _worker_steady(config: Path, fleet_url: str, port: int, window: float, marks: Path) -> dict[str, Any]:
+    """The real daemon on its real schedule: its CPU per request the fleet served over a window, and its /metrics."""
     from exporter.daemon.run import Daemon
     from exporter.settings import load_settings
 
-    settings = load_settings(config)
-    daemon = Daemon(config, settings)
+    served: list[dict[str, float]] = []
+    _record_scrapes(served)
+    daemon = Daemon(config, load_settings(config))
     runner = asyncio.create_task(daemon.run("127.0.0.1", port))
-    await asyncio.sleep(1.0)  # startup (imports done, jobs scheduled) is not steady state
-    wall, cpu = time.perf_counter(), time.process_time()
-    await asyncio.sleep(seconds)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    rss, peak = proc_memory_mb()
+    out: dict[str, Any] = {"settle_s": await _settled(daemon, 180.0)}
+    (marks / "window").write_text("start")
+    before, started, cpu = fleet_stats(fleet_url), time.monotonic(), time.process_time()
+    await asyncio.sleep(window)
+    cpu, wall = time.process_time() - cpu, time.monotonic() - started
+    requests, polls, connections = _requests(fleet_stats(fleet_url), before)
+    out.update(window_cpu=cpu, window_wall=wall, window_requests=requests, window_polls=polls, window_connections=connections,
+               window_scrapes=[s for s in served if started <= s["at"] <= started + wall])
+    out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
+    (marks / "burst").write_text("start")
+    while not (marks / "stop").exists():
+        await asyncio.sleep(0.2)
+    out["burst_scrapes"] = [s for s in served if s["at"] > started + wall]
+    text = daemon.exposition.render(None)[0].decode()
     snapshot = daemon.fleet.snapshot()
-    polled = sum(1 for s in snapshot if s.poll_success)
+    out.update(servers=len(snapshot), polled_ok=sum(1 for s in snapshot if s.poll_success),
+               series_per_server=_series_per_server(text, len(snapshot)), metrics_bytes=len(text.encode()),
+               metrics_gzip_bytes=len(gzip.compress(text.encode(), compresslevel=1)))
+    out["rss_end_mb"], out["peak_rss_mb"] = proc_memory_mb()
     daemon.stop()
     await runner
-    return {"wall": wall, "cpu": cpu, "rss_mb": rss, "peak_rss_mb": peak, "polled_ok": polled, "servers": len(snapshot)}
+    return out
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -219,23 +223,26 @@ def worker_main(args: argparse.Namespace) -> int:
     raise_fd_limit()
     logs.configure("info", json=True)  # the daemon's default level, so log cost is what production pays
     if args.worker == "cycles":
-        result = asyncio.run(_worker_cycles(args.config, args.fleet_url, args.keepalive, args.renders))
+        result = asyncio.run(_worker_cycles(args.config, args.fleet_url, args.keepalive))
     else:
-        result = asyncio.run(_worker_steady(args.config, args.steady_seconds, args.port))
+        result = asyncio.run(_worker_steady(args.config, args.fleet_url, args.port, args.window, args.marks))
     args.result.write_text(json.dumps(result), encoding="utf-8")
     return 0
 
 
 def run_worker(mode: str, config: Path, workdir: Path, extra: Sequence[str], *, timeout: float,
-               during: Any = None) -> dict[str, Any]:
+               during: Callable[[subprocess.Popen[bytes]], None] | None = None, specwatch: Path | None = None) -> dict[str, Any]:
+    """A worker process; `specwatch` names another checkout whose exporter package it measures (a before/after run)."""
     result = workdir / f"result-{mode}.json"
     result.unlink(missing_ok=True)
     log_path = workdir / f"specwatch-{mode}.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # Not `-m`: that would put the working directory first on the path, and its exporter before `specwatch`'s.
+    paths = [str(p) for p in (specwatch, REPO) if p is not None]
+    start = f"import sys; sys.path[:0] = {paths!r}; from bench.benchmark import main; sys.exit(main(sys.argv[1:]))"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench.benchmark", "--worker", mode, "--config", str(config), "--result", str(result), *extra],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
+            [sys.executable, "-c", start, "--worker", mode, "--config", str(config), "--result", str(result), *extra],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
         )
         try:
             if during is not None:
@@ -355,19 +362,78 @@ async def _probe_all(blackbox_url: str, servers: Sequence[SimServer], concurrenc
     return ok, size
 
 
-def blackbox_cycle(blackbox: Blackbox, servers: Sequence[SimServer], concurrency: int, fleet_url: str) -> tuple[Cycle, int]:
+def blackbox_cycle(blackbox: Blackbox, servers: Sequence[SimServer], concurrency: int, fleet_url: str) -> tuple[Row, int, int]:
+    """One probe of every server: (CPU figures, successful probes, bytes of probe answers)."""
     before = fleet_stats(fleet_url)
     cpu = proc_cpu_seconds(blackbox.pid)
     wall = time.perf_counter()
     ok, size = asyncio.run(_probe_all(blackbox.url, servers, concurrency))
     wall = time.perf_counter() - wall
     cpu = proc_cpu_seconds(blackbox.pid) - cpu
-    requests, connections = _delta(fleet_stats(fleet_url), before)
-    return Cycle("blackbox", "probe /props", len(servers), wall, cpu, requests, connections, ok), size
+    requests, _, connections = _requests(fleet_stats(fleet_url), before)
+    return Row("blackbox", "probe /props", len(servers), wall, cpu, requests, connections), ok, size
 
 
 # ---------------------------------------------------------------------------------------------
 # the run
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+def _config(path: Path, servers: Sequence[SimServer], args: argparse.Namespace, **extra: Any) -> Path:
+    write_config(path, build_config(
+        [s.as_dict() for s in servers], poll_interval=args.poll_interval, canary_interval=args.canary_interval,
+        max_concurrency=args.max_concurrency, extra=extra,
+    ))
+    return path
+
+
+def _row(what: str, size: int, figures: dict[str, Any], ok: str = "") -> Row:
+    return Row("specwatch", what, size, figures["wall"], figures["cpu"], figures["requests"], figures["connections"], ok)
+
+
+def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The daemon on its schedule; Prometheus' scrapes every `--scrape-every` s, then a burst of `--scrapes` 3 s apart."""
+    port = free_port()
+    marks = workdir / "marks"
+    shutil.rmtree(marks, ignore_errors=True)
+    marks.mkdir()
+    client: list[tuple[float, int, int]] = []
+
+    def drive(process: subprocess.Popen[bytes]) -> None:
+        def wait_for(mark: str) -> bool:
+            while not (marks / mark).exists():
+                if process.poll() is not None:
+                    return False
+                time.sleep(0.2)
+            return True
+
+        if not wait_for("window"):
+            return
+        url = f"http://127.0.0.1:{port}/metrics"
+        while not (marks / "burst").exists() and process.poll() is None:
+            with contextlib.suppress(OSError):
+                scrape(url)
+            deadline = time.monotonic() + args.scrape_every
+            while time.monotonic() < deadline and not (marks / "burst").exists():
+                time.sleep(0.2)
+        if not wait_for("burst"):
+            return
+        for index in range(args.scrapes):
+            if index:
+                time.sleep(3.0)
+            with contextlib.suppress(OSError):
+                client.append(scrape(url))
+        (marks / "stop").write_text("stop")
+
+    extra = ["--fleet-url", fleet_url, "--port", str(port), "--window", str(args.window), "--marks", str(marks)]
+    result = run_worker("steady", config, workdir, extra, timeout=args.window + 400, during=drive, specwatch=args.specwatch)
+    result["client_scrapes"] = client
+    return result
 
 
 def measure(args: argparse.Namespace) -> Results:
@@ -376,7 +442,7 @@ def measure(args: argparse.Namespace) -> Results:
     largest = max(args.sizes)
     workdir = Path(tempfile.mkdtemp(prefix="specwatch-bench-"))
     options = FleetOptions(servers=largest, base_port=args.base_port, spec_share=args.spec_share, latency_ms=args.latency_ms,
-                           keepalive_timeout=args.keepalive_timeout)
+                           token_ms=args.token_ms, keepalive_timeout=args.keepalive_timeout)
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     say(f"starting a simulated fleet of {largest} servers (latency {args.latency_ms:g} ms) ...")
     try:
@@ -386,49 +452,47 @@ def measure(args: argparse.Namespace) -> Results:
             try:
                 for size in args.sizes:
                     servers = fleet.servers[:size]
-                    config = workdir / f"specwatch-{size}.yaml"
-                    write_config(config, build_config(
-                        [s.as_dict() for s in servers], poll_interval=args.poll_interval, canary_interval=args.canary_interval,
-                        max_concurrency=args.max_concurrency,
-                    ))
-                    say(f"N={size}: specwatch cycles ...")
-                    fleet_cpu = fleet_stats(fleet_url)["cpu_seconds"]
-                    extra = ["--fleet-url", fleet_url, "--keepalive", str(args.keepalive_timeout), "--renders", str(args.renders)]
-                    sw = run_worker("cycles", config, workdir, extra, timeout=600)
-                    fleet_cpu = fleet_stats(fleet_url)["cpu_seconds"] - fleet_cpu
-                    for key, what in (("poll_first", "poll, first run"), ("poll_new_connections", "poll, new connections"),
-                                      ("poll_kept_alive", "poll, kept-alive"), ("canary", "canary (5 endpoints)")):
-                        c = sw[key]
-                        results.cycles.append(
-                            Cycle("specwatch", what, size, c["wall"], c["cpu"], c["requests"], c["connections"], c["ok"])
-                        )
-                    results.footprints.append(Footprint(
-                        "specwatch", size, sw["rss_mb"], sw["peak_rss_mb"], sw["metrics_bytes"], sw["served_ms"],
-                        {"first": sw["fast_first_ms"], "typical": sw["fast_typical_ms"], "unchanged": sw["fast_unchanged_ms"]},
-                        f"{sw['metrics_lines']} lines; fast typical CPU {sw['fast_typical_cpu_ms']:.1f} ms; "
-                        f"fast == served: {sw['fast_equals_served']}; verdicts right "
-                        f"{sw['verdicts_right']}/{size}; fleet CPU {fleet_cpu:.1f}s",
-                    ))
+                    figures: dict[str, Any] = results.sizes.setdefault(size, {})
+                    say(f"N={size}: specwatch poll and canary cycles ...")
+                    config = _config(workdir / f"cycles-{size}.yaml", servers, args,
+                                     canary_tokens=CANARY_TOKENS, canary_tokens_speculating=CANARY_TOKENS)
+                    extra = ["--fleet-url", fleet_url, "--keepalive", str(args.keepalive_timeout)]
+                    sw = figures["cycles"] = run_worker("cycles", config, workdir, extra, timeout=900, specwatch=args.specwatch)
+                    ok = f"{sw['polled_ok']}/{size} up, {sw['verdicts_right']}/{size} verdicts right"
+                    results.rows += [
+                        _row("poll, new connections", size, sw["poll_new"]),
+                        _row("poll, kept-alive", size, sw["poll_kept"]),
+                        _row(f"canary {CANARY_TOKENS} tokens, bodies", size, sw["canary_bodies"]),
+                        _row(f"canary {CANARY_TOKENS} tokens, streams", size, sw["canary_streams"], ok),
+                    ]
+                    if args.window > 0:
+                        say(f"N={size}: specwatch daemon on its schedule, {args.window:g} s window after the start-up rounds ...")
+                        steady = figures["steady"] = _steady(_config(workdir / f"steady-{size}.yaml", servers, args),
+                                                             workdir, fleet_url, args)
+                        scraped = sum(s["cpu"] for s in steady["window_scrapes"])
+                        requests = steady["window_requests"]
+                        note = f"{steady['window_polls']} poll + {requests - steady['window_polls']} canary requests"
+                        results.rows += [
+                            Row("specwatch", "daemon mix, probes only", size, steady["window_wall"],
+                                steady["window_cpu"] - scraped, requests, steady["window_connections"], note),
+                            Row("specwatch", f"daemon mix + scrapes every {args.scrape_every:g}s", size, steady["window_wall"],
+                                steady["window_cpu"], requests, steady["window_connections"],
+                                f"{len(steady['window_scrapes'])} scrapes, {1000 * scraped:.0f} ms CPU"),
+                        ]
                     say(f"N={size}: blackbox_exporter cycles ...")
                     blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url)  # warm-up, not counted
                     runs = [blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url) for _ in range(args.repeat)]
                     cycles = [r[0] for r in runs]
-                    results.cycles.append(Cycle(
-                        "blackbox", f"probe /props (mean of {len(cycles)})", size,
-                        statistics.mean(c.wall for c in cycles), statistics.mean(c.cpu for c in cycles),
-                        round(statistics.mean(c.requests for c in cycles)),
-                        round(statistics.mean(c.connections or 0 for c in cycles)),
-                        min(c.ok for c in cycles),
+                    per_probe = [c.per_request_ms for c in cycles]
+                    results.rows.append(Row(
+                        "blackbox", f"probe /props (median of {len(cycles)})", size,
+                        statistics.median(c.wall for c in cycles), statistics.median(c.cpu for c in cycles),
+                        round(statistics.median(c.requests for c in cycles)),
+                        round(statistics.median(c.connections for c in cycles)),
+                        f"{min(r[1] for r in runs)}/{size} ok; ms/probe {min(per_probe):.2f}-{max(per_probe):.2f}",
                     ))
-                    renders = [http_get_timed(f"{blackbox.url}/metrics") for _ in range(args.renders)]
-                    rss, peak = proc_memory_mb(blackbox.pid)
-                    results.footprints.append(Footprint(
-                        "blackbox", size, rss, peak, renders[-1][1], 1000 * statistics.median(t for t, _ in renders),
-                        note=f"its own /metrics over HTTP; per-server series come from /probe, {runs[-1][1]} bytes per cycle",
-                    ))
-                    if args.steady_seconds > 0:
-                        say(f"N={size}: specwatch daemon, steady state for {args.steady_seconds:g}s ...")
-                        results.steady.append(steady(config, workdir, size, args))
+                    figures["blackbox_rss_mb"], figures["blackbox_peak_rss_mb"] = proc_memory_mb(blackbox.pid)
+                    figures["blackbox_probe_bytes"] = runs[-1][2]
             finally:
                 blackbox.stop()
     finally:
@@ -436,109 +500,109 @@ def measure(args: argparse.Namespace) -> Results:
     return results
 
 
-def steady(config: Path, workdir: Path, size: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The real daemon with its schedule; /metrics is scraped over HTTP as Prometheus would."""
-    port = free_port()
-    scrapes: list[tuple[float, int]] = []
-
-    def scrape(process: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + args.steady_seconds + 1.0
-        time.sleep(3.0)
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(OSError):
-                scrapes.append(http_get_timed(f"http://127.0.0.1:{port}/metrics"))
-            time.sleep(args.scrape_every)
-
-    def start_scraping(process: subprocess.Popen[bytes]) -> None:
-        threading.Thread(target=scrape, args=(process,), daemon=True).start()
-
-    result = run_worker("steady", config, workdir, ["--steady-seconds", str(args.steady_seconds), "--port", str(port)],
-                        timeout=args.steady_seconds + 120, during=start_scraping)
-    result["size"] = size
-    result["scrape_ms"] = [round(1000 * t, 1) for t, _ in scrapes]
-    result["scrape_bytes"] = scrapes[-1][1] if scrapes else 0
-    return result
+# ---------------------------------------------------------------------------------------------
+# the tables
 
 
-def _cycle_table(results: Results) -> list[str]:
-    head = (f"{'N':>5}  {'tool':<9}  {'cycle':<28} {'wall s':>7} {'CPU s':>7} {'CPU/wall':>8} {'requests':>8} "
-            f"{'CPU ms/req':>10} {'new conns':>9} {'ok':>5}")
-    lines = [head, "-" * len(head)]
-    for c in results.cycles:
-        conns = "" if c.connections is None else str(c.connections)
-        busy = c.cpu / c.wall if c.wall else 0.0
-        lines.append(f"{c.servers:>5}  {c.tool:<9}  {c.what:<28} {c.wall:>7.2f} {c.cpu:>7.3f} {busy:>8.2f} "
-                     f"{c.requests:>8} {c.cpu_per_request_ms:>10.3f} {conns:>9} {c.ok:>5}")
+def _blackbox(results: Results, size: int) -> Row | None:
+    return next((r for r in results.rows if r.servers == size and r.tool == "blackbox"), None)
+
+
+def cpu_table(results: Results) -> list[str]:
+    head = (f"{'N':>5}  {'tool':<9}  {'what':<32} {'wall s':>7} {'CPU s':>7} {'requests':>8} {'new conns':>9} "
+            f"{'CPU ms/req':>10} {'vs blackbox':>11}  note")
+    lines = ["CPU per request the fleet served (specwatch: process CPU of its worker; blackbox_exporter: per /props probe)",
+             head, "-" * (len(head) + 40)]
+    for r in results.rows:
+        probe = _blackbox(results, r.servers)
+        ratio = f"{r.per_request_ms / probe.per_request_ms:>11.2f}" if probe and probe.requests and probe.cpu else f"{'':>11}"
+        lines.append(f"{r.servers:>5}  {r.tool:<9}  {r.what:<32} {r.wall:>7.2f} {r.cpu:>7.3f} {r.requests:>8} "
+                     f"{r.connections:>9} {r.per_request_ms:>10.3f} {ratio}  {r.ok}")
     return lines
 
 
-def _footprint_table(results: Results) -> list[str]:
-    head = (f"{'N':>5}  {'tool':<9}  {'RSS MB':>7} {'peak MB':>7} {'/metrics B':>10} {'served ms':>9} "
-            f"{'fast: first':>11} {'typical':>7} {'unchanged':>9}  note")
-    lines = [head, "-" * (len(head) + 60)]
-    for f in results.footprints:
-        fast = (f"{f.fast['first']:>11.1f} {f.fast['typical']:>7.1f} {f.fast['unchanged']:>9.1f}" if f.fast
-                else f"{'':>11} {'':>7} {'':>9}")
-        lines.append(f"{f.servers:>5}  {f.tool:<9}  {f.rss_mb:>7.1f} {f.peak_rss_mb:>7.1f} {f.metrics_bytes:>10} "
-                     f"{f.served_ms:>9.1f} {fast}  {f.note}")
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def metrics_table(results: Results) -> list[str]:
+    head = (f"{'N':>5}  {'scrape median ms':>16} {'min-max':>11} {'handler CPU ms':>14} {'series/server':>13} "
+            f"{'bytes/server':>12} {'gzip B/server':>13} {'body MB':>8}  {'RSS MB':>7} {'peak MB':>7}  {'blackbox RSS':>12}")
+    lines = [f"/metrics with gzip over HTTP keep-alive, {'5'} scrapes 3 s apart after the window; memory of the daemon",
+             head, "-" * len(head)]
+    for size, figures in results.sizes.items():
+        steady = figures.get("steady")
+        if not steady:
+            continue
+        walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
+        handler = [1000 * s["cpu"] for s in steady["burst_scrapes"]]
+        servers = steady["servers"] or 1
+        lines.append(
+            f"{size:>5}  {_median(walls):>16.1f} {min(walls, default=0):>5.0f}-{max(walls, default=0):<5.0f} "
+            f"{_median(handler):>14.1f} {steady['series_per_server']:>13.1f} {steady['metrics_bytes'] / servers:>12.0f} "
+            f"{steady['metrics_gzip_bytes'] / servers:>13.0f} {steady['metrics_bytes'] / 1e6:>8.2f}  "
+            f"{steady['rss_end_mb']:>7.1f} {steady['peak_rss_mb']:>7.1f}  {figures.get('blackbox_rss_mb', 0):>10.1f} MB"
+        )
     return lines
 
 
-def _ratio_lines(results: Results, sizes: Sequence[int]) -> list[str]:
-    lines = ["CPU per request, specwatch poll vs blackbox_exporter probe (below 1: specwatch is cheaper):"]
-    for size in sizes:
-        new = next(c for c in results.cycles if c.servers == size and c.what == "poll, new connections")
-        kept = next(c for c in results.cycles if c.servers == size and c.what == "poll, kept-alive")
-        probe = next(c for c in results.cycles if c.servers == size and c.tool == "blackbox")
-        per_probe = probe.cpu_per_request_ms
-        lines.append(f"  N={size:>5}: specwatch {new.cpu_per_request_ms:.3f} ms/request with new connections "
-                     f"(ratio {new.cpu_per_request_ms / per_probe:.2f}), {kept.cpu_per_request_ms:.3f} kept-alive "
-                     f"(ratio {kept.cpu_per_request_ms / per_probe:.2f}); blackbox {per_probe:.3f} ms/probe")
+def readme_table(results: Results) -> list[str]:
+    """The README's "Fleet scale" table."""
+    lines = ["| servers | CPU per request: poll / canary body / canary stream (48 tokens) / daemon mix | "
+             "blackbox_exporter per probe | mix vs blackbox | `/metrics` median (gzip) | series per server | "
+             "bytes per server | RSS |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for size, figures in results.sizes.items():
+        rows = {r.what: r for r in results.rows if r.servers == size}
+        probe = _blackbox(results, size)
+        steady = figures.get("steady")
+        mix = next((r for w, r in rows.items() if w.startswith("daemon mix +")), None)
+        body = rows.get(f"canary {CANARY_TOKENS} tokens, bodies")
+        stream = rows.get(f"canary {CANARY_TOKENS} tokens, streams")
+        poll = rows.get("poll, new connections")
+        cells = [f"{r.per_request_ms:.2f}" if r else "-" for r in (poll, body, stream, mix)]
+        vs = f"{mix.per_request_ms / probe.per_request_ms:.2f}" if mix and probe and probe.cpu else "-"
+        if steady:
+            servers = steady["servers"] or 1
+            walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
+            tail = (f"{_median(walls):.0f} ms | {steady['series_per_server']:.0f} | "
+                    f"{steady['metrics_bytes'] / servers:,.0f} ({steady['metrics_gzip_bytes'] / servers:,.0f} gzipped) | "
+                    f"{steady['rss_end_mb']:.0f} MB |")
+        else:
+            tail = "- | - | - | - |"
+        lines.append(f"| {size:,} | {' / '.join(cells)} ms | {probe.per_request_ms:.2f} ms | {vs} | {tail}" if probe else
+                     f"| {size:,} | {' / '.join(cells)} ms | - | - | {tail}")
     return lines
 
 
-def _steady_lines(results: Results, args: argparse.Namespace) -> list[str]:
-    lines = [f"specwatch daemon on its real schedule (poll {args.poll_interval}, canary {args.canary_interval}), "
-             "/metrics scraped over HTTP meanwhile:"]
-    for s in results.steady:
-        scrape = s["scrape_ms"]
-        scraped = f"scrape median {statistics.median(scrape):.0f} ms, max {max(scrape):.0f} ms" if scrape else "no scrape"
-        lines.append(f"  N={s['size']:>5}: {s['cpu']:.2f} CPU s in {s['wall']:.1f} s = {100 * s['cpu'] / s['wall']:.1f}% "
-                     f"of one core; RSS {s['rss_mb']:.1f} MB (peak {s['peak_rss_mb']:.1f}); {scraped}; "
-                     f"polled ok {s['polled_ok']}/{s['servers']}")
-    return lines
-
-
-def render_tables(results: Results, args: argparse.Namespace) -> str:
-    lines = [*_cycle_table(results), "", *_footprint_table(results), "", *_ratio_lines(results, args.sizes)]
-    if results.steady:
-        lines += ["", *_steady_lines(results, args)]
-    return "\n".join(lines)
+def render_tables(results: Results) -> str:
+    return "\n".join([*cpu_table(results), "", *metrics_table(results), "", "README:", *readme_table(results)])
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.benchmark", description=__doc__)
     add = parser.add_argument
-    add("--sizes", type=lambda t: [int(x) for x in t.split(",")], default=[100, 1000],
-        help="fleet sizes, comma-separated (default 100,1000)")
-    add("--latency-ms", type=float, default=5.0, help="simulated server latency (default 5)")
+    add("--sizes", type=lambda t: [int(x) for x in t.split(",")], default=[1000],
+        help="fleet sizes, comma-separated (default 1000)")
+    add("--latency-ms", type=float, default=20.0, help="simulated server latency (default 20)")
+    add("--token-ms", type=float, default=0.0, help="delay between a stream's events on the fleet (default 0)")
     add("--spec-share", type=float, default=0.2, help="share of speculating servers (default 0.2)")
     add("--base-port", type=int, default=0, help="first fleet port; 0 picks free ports (default)")
     add("--keepalive-timeout", type=float, default=5.0, help="the fleet's idle keep-alive timeout (default 5, as llama-server)")
     add("--max-concurrency", type=int, default=None, help="specwatch max_concurrency (default: specwatch's own)")
     add("--blackbox-concurrency", type=int, default=64, help="/probe requests in flight (default 64)")
-    add("--repeat", type=int, default=3, help="blackbox cycles averaged (default 3; its CPU clock ticks at 10 ms)")
-    add("--renders", type=int, default=7, help="/metrics renders, the median is shown (default 7)")
+    add("--repeat", type=int, default=5, help="blackbox cycles, the median is shown (default 5; its CPU clock ticks at 10 ms)")
     add("--poll-interval", default="15s")
     add("--canary-interval", default="60s")
-    add("--steady-seconds", type=float, default=30.0, help="run the real daemon this long per size; 0 skips (default 30)")
-    add("--scrape-every", type=float, default=5.0, help="seconds between /metrics scrapes in the steady run (default 5)")
+    add("--window", type=float, default=60.0,
+        help="seconds the daemon is measured on its schedule after its start-up rounds; 0 skips (default 60)")
+    add("--scrape-every", type=float, default=15.0, help="seconds between /metrics scrapes during the window (default 15)")
+    add("--scrapes", type=int, default=5, help="/metrics scrapes 3 s apart after the window, the median is shown (default 5)")
+    add("--specwatch", type=Path, help="measure the exporter package of this directory instead (a before/after run)")
     add("--json", type=Path, help="also write the raw figures to this file")
-    # The worker: the specwatch side, in a process of its own so its CPU clock counts only specwatch.
-    parser.add_argument("--worker", choices=("cycles", "steady"), help=argparse.SUPPRESS)
-    parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--fleet-url", help=argparse.SUPPRESS)
+    # The workers: the specwatch side, in processes of their own so their CPU clock counts only specwatch.
+    for name, kind in (("--worker", str), ("--config", Path), ("--result", Path), ("--fleet-url", str), ("--marks", Path)):
+        parser.add_argument(name, type=kind, help=argparse.SUPPRESS)
     parser.add_argument("--keepalive", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     return parser
@@ -552,12 +616,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     results = measure(args)
     print(f"specwatch benchmark: simulated fleet latency {args.latency_ms:g} ms, {args.spec_share:.0%} speculating, "
-          f"keep-alive timeout {args.keepalive_timeout:g} s; {os.cpu_count()} CPUs; took {time.monotonic() - started:.0f} s")
-    print(render_tables(results, args))
+          f"keep-alive timeout {args.keepalive_timeout:g} s; poll {args.poll_interval}, canary {args.canary_interval}; "
+          f"{os.cpu_count()} CPUs; took {time.monotonic() - started:.0f} s")
+    print(render_tables(results))
     if args.json:
-        args.json.write_text(json.dumps({"cycles": [c.__dict__ for c in results.cycles],
-                                         "footprints": [f.__dict__ for f in results.footprints],
-                                         "steady": results.steady}, indent=2), encoding="utf-8")
+        args.json.write_text(json.dumps({"rows": [r.__dict__ for r in results.rows], "sizes": results.sizes}, indent=2),
+                             encoding="utf-8")
     return 0
 
 
