@@ -112,6 +112,7 @@ class Daemon:
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
             self.exposition.render,
+            metrics_gzip=self.exposition.render_gzip,
             page=self.landing_page,
             reload=self.reload_from_thread,
             authorise=authorise,

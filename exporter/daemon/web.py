@@ -102,14 +102,19 @@ class _Handler(BaseHTTPRequestHandler):
             return
         app = self.server.app
         if path == "/metrics":
+            gzipped = accepts_gzip(self.headers.get("Accept-Encoding"))
             try:
-                body, content_type = app.metrics(self.headers.get("Accept"))
+                if gzipped and app.metrics_gzip is not None:
+                    body, content_type = app.metrics_gzip(self.headers.get("Accept"))
+                else:
+                    body, content_type = app.metrics(self.headers.get("Accept"))
+                    if gzipped:
+                        body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
             except Exception as err:  # noqa: BLE001 - a broken scrape must answer, not kill the thread
                 self._send(500, f"error collecting metrics: {err.__class__.__name__}\n".encode())
                 return
             headers = {"Vary": "Accept-Encoding"}
-            if accepts_gzip(self.headers.get("Accept-Encoding")):
-                body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+            if gzipped:
                 headers["Content-Encoding"] = "gzip"
             self._send(200, body, content_type, headers)
         elif path == "/":
@@ -177,9 +182,12 @@ class WebApp:
         headers: dict[str, str] | None = None,
         admit: Callable[[socket.socket], bool] | None = None,
         sd: Callable[[str | None], list[dict[str, object]]] | None = None,
+        metrics_gzip: Callable[[str | None], tuple[bytes, str]] | None = None,
     ) -> None:
         self.metrics = metrics
         """(body, content type) of a scrape, given its Accept header."""
+        self.metrics_gzip = metrics_gzip
+        """The same, gzipped by the renderer itself (it can reuse what did not change); else the body is gzipped here."""
         self.page = page
         """The landing page's HTML."""
         self.reload = reload
