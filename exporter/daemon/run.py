@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from exporter import __version__
-from exporter.daemon import landing
+from exporter.daemon import landing, memory
 from exporter.daemon.collector import ExporterStatus, Exposition
 from exporter.daemon.discovery import Discovery, SourceStatus, targets_out
 from exporter.daemon.schedule import Schedule
@@ -185,6 +185,7 @@ class Daemon:
                 pass  # not the main thread (tests): signals are not ours to take
         self.discovery.start()
         self.schedule.start(servers)
+        memory.tune()
         try:
             await self._stopping.wait()
         finally:
