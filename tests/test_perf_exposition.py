@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import zlib
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -123,3 +124,30 @@ def test_the_endpoint_serves_gzip_that_decompresses_to_the_plain_answer(accept: 
         return [line for line in text.splitlines() if "specwatch_" in line]
 
     assert specwatch_lines(zipped.text) == specwatch_lines(plain.text) and len(specwatch_lines(plain.text)) > 20
+
+
+async def test_a_scrape_serves_what_was_just_prepared_unless_servers_or_settings_changed(make_watcher, monkeypatch) -> None:
+    fakes = {"a": FakeLlama.plain(tokens=8), "b": FakeLlama.draft(tokens=8)}
+    watcher = make_watcher(fakes, canary_tokens=8)
+    await asyncio.gather(*(watcher.poll(n) for n in fakes))
+    status = ExporterStatus(15.0, 60.0)
+    collector = SpecwatchCollector(watcher.fleet, lambda: status)
+    collector.prepare()
+    prepared = collector.exposition()
+    await watcher.canary("b")  # a new value, within the preparation's lifetime: served at the next preparation
+    assert collector.exposition() == prepared
+    collector.prepare()
+    assert collector.exposition() != prepared and 'endpoint="chat",server="b"' in collector.exposition().decode()
+    assert gzip.decompress(collector.exposition_gzip()) == collector.exposition()
+
+    status = replace(status, reload_successful=False)  # a reload: served at once
+    assert b"specwatch_config_last_reload_successful 0.0" in collector.exposition()
+    collector.prepare()
+    settings = Settings(servers=[{"name": "a", "url": "http://a:8080"}], canary_tokens=8)
+    watcher.apply(settings, list(settings.servers))  # a server removed: served at once
+    assert 'server="b"' not in collector.exposition().decode()
+
+    collector.prepare()
+    await watcher.poll("a")
+    monkeypatch.setattr(exporter.daemon.collector, "PREPARED_FOR", 0.0)  # a preparation too old is not served
+    assert collector.exposition() == _registry_text(collector)
