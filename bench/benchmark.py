@@ -542,7 +542,7 @@ def _median(values: Sequence[float]) -> float:
 def metrics_table(results: Results) -> list[str]:
     head = (f"{'N':>5}  {'scrape median ms':>16} {'min-max':>11} {'handler CPU ms':>14} {'series/server':>13} "
             f"{'bytes/server':>12} {'gzip B/server':>13} {'body MB':>8}  {'RSS MB':>7} {'peak MB':>7}  {'blackbox RSS':>12}")
-    lines = [f"/metrics with gzip over HTTP keep-alive, {'5'} scrapes 3 s apart after the window; memory of the daemon",
+    lines = ["/metrics over HTTP with gzip, scrapes 3 s apart after the window; memory of the daemon",
              head, "-" * len(head)]
     for size, figures in results.sizes.items():
         steady = figures.get("steady")
