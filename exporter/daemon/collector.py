@@ -736,6 +736,7 @@ class Exposition:
         self.registry.register(self.collector)
         self.registry.register(_Delegate(self._process))
         self._preparing: threading.Thread | None = None
+        self._starting = threading.Lock()
 
     def _prepare_in_background(self) -> None:
         """From the first scrape on, what changed is rendered every PREPARE_SECONDS in a thread of its own.
@@ -745,11 +746,14 @@ class Exposition:
         change (2% of the daemon's CPU at 1,000 servers), a scrape only joins what is ready. Nothing runs before
         the first scrape.
         """
-        if self._preparing is None:
-            self._preparing = threading.Thread(
-                target=_prepare_forever, args=(weakref.ref(self.collector),), name="specwatch-metrics", daemon=True
-            )
-            self._preparing.start()
+        if self._preparing is not None:
+            return
+        with self._starting:  # two first scrapes at once start one thread
+            if self._preparing is None:
+                self._preparing = threading.Thread(
+                    target=_prepare_forever, args=(weakref.ref(self.collector),), name="specwatch-metrics", daemon=True
+                )
+                self._preparing.start()
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """(body, content type) for a scrape with this Accept header."""
