@@ -221,12 +221,12 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
     while not (marks / "stop").exists():
         await asyncio.sleep(0.2)
     out["burst_scrapes"] = [s for s in served if s["at"] > started + wall]
+    # After the memory readings: the decoded body and its lines are the benchmark's, not the daemon's.
     text = daemon.exposition.render(None)[0].decode()
     snapshot = daemon.fleet.snapshot()
     out.update(servers=len(snapshot), polled_ok=sum(1 for s in snapshot if s.poll_success),
                series_per_server=_series_per_server(text, len(snapshot)), metrics_bytes=len(text.encode()),
                metrics_gzip_bytes=len(gzip.compress(text.encode(), compresslevel=1)))
-    out["rss_end_mb"], out["peak_rss_mb"] = proc_memory_mb()
     daemon.stop()
     await runner
     return out
@@ -555,7 +555,7 @@ def metrics_table(results: Results) -> list[str]:
             f"{size:>5}  {_median(walls):>16.1f} {min(walls, default=0):>5.0f}-{max(walls, default=0):<5.0f} "
             f"{_median(handler):>14.1f} {steady['series_per_server']:>13.1f} {steady['metrics_bytes'] / servers:>12.0f} "
             f"{steady['metrics_gzip_bytes'] / servers:>13.0f} {steady['metrics_bytes'] / 1e6:>8.2f}  "
-            f"{steady['rss_end_mb']:>7.1f} {steady['peak_rss_mb']:>7.1f}  {figures.get('blackbox_rss_mb', 0):>10.1f} MB"
+            f"{steady['rss_mb']:>7.1f} {steady['peak_rss_mb']:>7.1f}  {figures.get('blackbox_rss_mb', 0):>10.1f} MB"
         )
     return lines
 
@@ -581,7 +581,7 @@ def readme_table(results: Results) -> list[str]:
             walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
             tail = (f"{_median(walls):.0f} ms | {steady['series_per_server']:.0f} | "
                     f"{steady['metrics_bytes'] / servers:,.0f} ({steady['metrics_gzip_bytes'] / servers:,.0f} gzipped) | "
-                    f"{steady['rss_end_mb']:.0f} MB |")
+                    f"{steady['rss_mb']:.0f} MB |")
         else:
             tail = "- | - | - | - |"
         lines.append(f"| {size:,} | {' / '.join(cells)} ms | {probe.per_request_ms:.2f} ms | {vs} | {tail}" if probe else
