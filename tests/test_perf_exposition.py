@@ -151,3 +151,22 @@ async def test_a_scrape_serves_what_was_just_prepared_unless_servers_or_settings
     await watcher.poll("a")
     monkeypatch.setattr(exporter.daemon.collector, "PREPARED_FOR", 0.0)  # a preparation too old is not served
     assert collector.exposition() == _registry_text(collector)
+
+
+def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypatch) -> None:
+    """The daemon's status function makes a new object per call: a scrape must still find the preparation current."""
+    from exporter.daemon.run import Daemon
+    from exporter.settings import load_settings
+
+    daemon = Daemon(None, load_settings(None))
+    collector = daemon.exposition.collector
+    collector.prepare()
+    renders = []
+    original = collector._render
+    monkeypatch.setattr(collector, "_render", lambda: renders.append(1) or original())
+    collector.exposition()
+    collector.exposition_gzip()
+    assert renders == []
+    daemon.status = replace(daemon.status, reload_successful=False)  # a reload: rendered at once
+    collector.exposition()
+    assert renders == [1]

@@ -639,7 +639,8 @@ class SpecwatchCollector(Collector):
         if prepared is not None and time.monotonic() - prepared[0] < PREPARED_FOR:
             _, status, blocks = prepared
             servers = self._fleet.snapshot()
-            if status is self._status() and self._order == tuple(s.config.name for s in servers):
+            # Compared by value: a status function may build a new, equal status on every call.
+            if status == self._status() and self._order == tuple(s.config.name for s in servers):
                 self._prepared = prepared
                 return blocks, _tail(status, len(servers))
         return self._render()
