@@ -5,11 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import signal
+import socket
+import time
+from pathlib import Path
 
 import pytest
 import structlog
 
 from exporter.daemon import logs
+from tests.support.net import HOST
+from tests.support.process import ExporterProcess
 
 
 @pytest.fixture(autouse=True)
@@ -58,3 +64,27 @@ def test_console_format_on_request() -> None:
     text = stream.getvalue()
     assert "skipped" in text and "started" in text and "servers=3" in text
     assert not text.lstrip().startswith("{")
+
+
+def test_sigterm_with_polls_in_flight_stops_quietly(tmp_path: Path) -> None:
+    """A clean stop is not an error: polls cut short by SIGTERM leave no error line behind (one per server, before)."""
+    silent = socket.socket()
+    silent.bind((HOST, 0))
+    silent.listen(64)  # connections complete in the kernel, and no answer ever comes: every poll stays in flight
+    port = silent.getsockname()[1]
+    config = tmp_path / "specwatch.yml"
+    servers = "".join(f"  - {{name: s{i}, url: 'http://{HOST}:{port}'}}\n" for i in range(5))
+    config.write_text(f"poll_interval: 30s\nservers:\n{servers}")
+    try:
+        with ExporterProcess("--config", str(config)) as exporter:
+            exporter.wait_started()
+            time.sleep(1.0)  # the first polls are sent at start and wait for their answers
+            exporter.signal(signal.SIGTERM)
+            assert exporter.process.wait(15) == 0
+            exporter.stop()
+            errors = [e for e in exporter.events() if e.get("level") in ("error", "critical")]
+            assert errors == [], errors
+            assert "Traceback" not in exporter.output()
+            assert any(e.get("event") == "stopping" for e in exporter.events())
+    finally:
+        silent.close()
