@@ -1,9 +1,12 @@
-"""Shared fixtures: fake fleets over httpx.MockTransport, and a clock the test moves."""
+"""Shared fixtures: fake fleets over httpx.MockTransport, a clock the test moves, logging put back after a test."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import pytest
+import structlog
 
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
@@ -44,3 +47,15 @@ async def make_watcher(clock: FakeClock):
     yield build
     for client in clients:
         await client.aclose()
+
+
+@pytest.fixture
+def restored_logging():
+    """logs.configure() sets process-wide state: put it back, so later tests see logging as they expect it."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -17,17 +17,7 @@ from exporter.daemon import logs
 from tests.support.net import HOST
 from tests.support.process import ExporterProcess
 
-
-@pytest.fixture(autouse=True)
-def restored_logging():
-    """logs.configure() sets process-wide state: put it back, so later tests see logging as they expect it."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    structlog.configure(**saved)
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restored_logging")
 
 
 def _lines(stream: io.StringIO) -> list[dict]:

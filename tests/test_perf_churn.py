@@ -64,6 +64,7 @@ def _held(daemon: Daemon) -> dict[str, int]:
     }
 
 
+@pytest.mark.usefixtures("restored_logging")
 async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An hour of reloads and discovery changes, compressed: pools idle for a second are closed, as after a minute.
     monkeypatch.setattr(exporter.probe.fetch, "IDLE_POOL_SECONDS", 1.0)
@@ -92,7 +93,6 @@ async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch:
         finally:
             daemon.stop()
             await asyncio.wait_for(running, 30)
-            logs.configure("info")
 
     warm, last = seen
     for what in ("fleet", "jobs", "streaks", "labels", "entries"):
