@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -229,6 +231,35 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
     assert len(rows) == 5
     assert all(cells[0] == "0/7" and cells[2] == "31/31" and cells[6] == "0/7" and cells[8] == "31/31" for cells in rows.values())
     assert "see it yourself" not in result.stdout and "--keep-running" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_kept_running_demo_stopped_by_a_signal_stops_everything_it_started(stop: signal.Signals) -> None:
+    """kill, a closed terminal or a service manager must not leave llama-servers and the exporter behind."""
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "exporter", "demo", "--keep-running", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if "running until Ctrl-C" in line:
+                break
+        urls = [word for line in lines for word in line.split() if word.startswith("http://127.0.0.1:")]
+        started = {url.rstrip("/") for url in urls if not url.endswith("/metrics")}
+        assert len(started) == 5, "".join(lines)  # three llama-servers, the router and the exporter
+        assert all(httpx.get(f"{url}/health" if url.rsplit(":", 1)[1] != str(port) else f"{url}/-/healthy").is_success
+                   for url in started)
+        demo.send_signal(stop)
+        assert demo.wait(30) == 0
+        for url in started:
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(url, timeout=2)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
 
 
 def test_a_config_with_only_the_two_intervals_works_on_real_servers(servers: dict[str, LlamaServer], tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,10 @@ def closing_hint(metrics_url: str, *, keep_running: bool) -> str:
             "up and curl or browse the exporter yourself")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(*, listen: str, keep_running: bool) -> int:
     host, port = parse_listen(listen)
     host = host if host != "0.0.0.0" else "127.0.0.1"
@@ -168,6 +173,9 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
         say(f"model: {model} ({model.stat().st_size // 1024} KiB, generated; its output repeats a fixed cycle)")
         servers: list[LlamaServer] = []
         exporter: subprocess.Popen | None = None
+        # The servers run in sessions of their own (Ctrl-C reaches only the demo): kill, a closed terminal or a service
+        # manager's SIGTERM must stop them through the same clean-up as Ctrl-C, or they outlive the demo.
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             for kind, what in KINDS:
                 server = LlamaServer.of_kind(kind, model, log_dir=workdir).start()
@@ -212,6 +220,8 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             print(f"specwatch demo: {err}", file=sys.stderr)
             return 1
         finally:
+            for sig, handler in previous.items():  # a second signal during the clean-up does what it did before
+                signal.signal(sig, handler)
             if exporter is not None and exporter.poll() is None:
                 exporter.terminate()
                 exporter.wait(10)
