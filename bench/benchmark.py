@@ -56,9 +56,14 @@ def fleet_stats(url: str) -> dict[str, Any]:
         return json.loads(answer.read())
 
 
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+"""What Prometheus 2 sends (OpenMetrics first): the exporter chooses the format, as it does for a real scrape."""
+
+
 def scrape(url: str) -> tuple[float, int, int]:
-    """(wall seconds, bytes on the wire, bytes uncompressed) of one /metrics scrape that accepts gzip, as Prometheus does."""
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    """(wall seconds, bytes on the wire, bytes uncompressed) of one /metrics scrape with Prometheus' headers."""
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip", "Accept": PROMETHEUS_ACCEPT})
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=60) as answer:
         body = answer.read()

@@ -170,3 +170,31 @@ def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypat
     daemon.status = replace(daemon.status, reload_successful=False)  # a reload: rendered at once
     collector.exposition()
     assert renders == [1]
+
+
+PROMETHEUS_2 = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_3 = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;"
+                "version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1")
+
+
+@pytest.mark.parametrize(("accept", "openmetrics"), [
+    (None, False), ("", False), ("*/*", False), ("text/plain", False), (PROMETHEUS_2, False), (PROMETHEUS_3, False),
+    ("application/openmetrics-text; version=1.0.0", True),
+    ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75", True),
+    ("application/openmetrics-text;version=1.0.0,text/plain;q=0", True),
+])
+def test_the_text_format_is_served_to_every_scraper_that_accepts_it(accept: str | None, openmetrics: bool, monkeypatch) -> None:
+    """Prometheus lists OpenMetrics first but accepts the text format, which the incremental renderer serves; rendering
+    OpenMetrics means collecting every family afresh (1.5 s at 1,000 servers), so only a scraper that asks for nothing
+    else gets it, as Go exporters do unless told otherwise."""
+    from exporter.daemon.state import Fleet
+
+    exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
+    collected = []
+    original = exposition.collector.collect
+    monkeypatch.setattr(exposition.collector, "collect", lambda: collected.append(1) or original())
+    for render in (exposition.render, exposition.render_gzip):
+        _, content_type = render(accept)
+        assert content_type.startswith("application/openmetrics-text" if openmetrics else "text/plain; version=0.0.4")
+    assert bool(collected) is openmetrics
