@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import gzip
 import http.client
 import json
@@ -11,7 +10,6 @@ import socket
 import ssl
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import bcrypt
@@ -19,7 +17,7 @@ import httpx
 import pytest
 
 from exporter.daemon.web import WebApp, accepts_gzip
-from tests.support.certs import make_certs
+from tests.support.certs import Certs, client_certs, make_certs
 from tests.support.loopback import FaultServer
 from tests.support.net import HOST
 from tests.support.process import ExporterProcess
@@ -102,48 +100,6 @@ def bcrypt_hash(password: str) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
 
 
-@dataclass(frozen=True)
-class ClientCerts:
-    ca: Path
-    cert: Path
-    key: Path
-
-
-def client_certs(directory: Path, *, san: str) -> ClientCerts:
-    """A CA for client certificates and a client certificate it signed, for `san`."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "scrapers CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, san)]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(san)]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    found = ClientCerts(directory / "client-ca.pem", directory / "client.pem", directory / "client-key.pem")
-    found.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    found.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    found.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
-    return found
-
-
 @pytest.fixture
 def watched(tmp_path: Path):
     with FaultServer() as server:
@@ -214,7 +170,7 @@ http_server_config:
         yield process.wait_started(), server_certs, allowed
 
 
-def client_context(server_ca: Path, client: ClientCerts | None) -> ssl.SSLContext:
+def client_context(server_ca: Path, client: Certs | None) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(server_ca))
     if client is not None:
         context.load_cert_chain(client.cert, client.key)

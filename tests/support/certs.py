@@ -1,4 +1,4 @@
-"""A throwaway certificate authority and a loopback server certificate, for the TLS tests."""
+"""Throwaway certificate authorities with a loopback server certificate or a client certificate, for the TLS tests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.support.net import HOST
 
@@ -20,18 +25,27 @@ class Certs:
 
 def make_certs(directory: Path, *, common_name: str = "specwatch-test") -> Certs:
     """A throwaway CA and a server certificate for 127.0.0.1/localhost signed by it (PEM files)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]
+    return _issue(directory, "server", common_name, sans, ExtendedKeyUsageOID.SERVER_AUTH)
 
+
+def client_certs(directory: Path, *, san: str) -> Certs:
+    """A throwaway CA for client certificates and a client certificate for `san` signed by it (PEM files)."""
+    return _issue(directory, "client", san, [x509.DNSName(san)], ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def server_tls(certs: Certs) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.cert, certs.key)
+    return context
+
+
+def _issue(directory: Path, role: str, common_name: str, sans: list[x509.GeneralName], usage: x509.ObjectIdentifier) -> Certs:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name} CA")])
     ca_cert = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        _valid(x509.CertificateBuilder(), now).subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
                                      data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
@@ -41,18 +55,16 @@ def make_certs(directory: Path, *, common_name: str = "specwatch-test") -> Certs
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]),
-                       critical=False)
+        _valid(x509.CertificateBuilder(), now).subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_name).public_key(key.public_key())
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     directory.mkdir(parents=True, exist_ok=True)
-    certs = Certs(ca=directory / "ca.pem", cert=directory / "server.pem", key=directory / "server-key.pem")
+    certs = Certs(ca=directory / f"{role}-ca.pem", cert=directory / f"{role}.pem", key=directory / f"{role}-key.pem")
     certs.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     certs.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     certs.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -60,7 +72,7 @@ def make_certs(directory: Path, *, common_name: str = "specwatch-test") -> Certs
     return certs
 
 
-def server_tls(certs: Certs) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certs.cert, certs.key)
-    return context
+def _valid(builder: x509.CertificateBuilder, now: datetime.datetime) -> x509.CertificateBuilder:
+    """A day's validity from a few minutes ago, and a random serial number."""
+    return (builder.serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1)))
