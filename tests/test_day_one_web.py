@@ -197,10 +197,8 @@ def test_client_certificates_are_required_and_verified(mtls, tmp_path: Path) -> 
 def test_client_allowed_sans_admits_only_the_named_clients(tmp_path: Path, watched: Path) -> None:
     server_certs = make_certs(tmp_path / "server")
     allowed = client_certs(tmp_path / "allowed", san="prometheus.example")
-    other = tmp_path / "other"
-    other.mkdir()
-    # Another client of the same CA: copy the CA, sign a second certificate with a different name.
-    outsider = client_certs(other, san="intruder.example")
+    # A client of a second CA the exporter trusts too: its certificate verifies, its name is not allowed.
+    outsider = client_certs(tmp_path / "other", san="intruder.example")
     bundle = tmp_path / "cas.pem"
     bundle.write_bytes(allowed.ca.read_bytes() + outsider.ca.read_bytes())
     web = tmp_path / "web.yml"
