@@ -194,7 +194,13 @@ def test_the_text_format_is_served_to_every_scraper_that_accepts_it(accept: str 
     collected = []
     original = exposition.collector.collect
     monkeypatch.setattr(exposition.collector, "collect", lambda: collected.append(1) or original())
-    for render in (exposition.render, exposition.render_gzip):
-        _, content_type = render(accept)
-        assert content_type.startswith("application/openmetrics-text" if openmetrics else "text/plain; version=0.0.4")
+    app = WebApp(exposition.render, metrics_gzip=exposition.render_gzip, page=lambda: "", reload=lambda: None)
+    host, port = app.start("127.0.0.1", 0)
+    try:
+        for encoding in ("identity", "gzip"):
+            headers = {"Accept-Encoding": encoding, **({"Accept": accept} if accept is not None else {})}
+            content_type = httpx.get(f"http://{host}:{port}/metrics", headers=headers).headers["content-type"]
+            assert content_type.startswith("application/openmetrics-text" if openmetrics else "text/plain; version=0.0.4")
+    finally:
+        app.stop()
     assert bool(collected) is openmetrics

@@ -757,39 +757,21 @@ class Exposition:
                 self._preparing.start()
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
-        """(body, content type) for a scrape with this Accept header."""
+        """(body, content type) for a scrape with this Accept header (None: the text format)."""
         self._prepare_in_background()
-        if not openmetrics_only(accept):
-            return self.collector.exposition() + generate_latest(self._process), TEXT_CONTENT_TYPE
         encoder, content_type = choose_encoder(accept or "")
+        if content_type.startswith("text/plain"):
+            # The classic text format is what the web handler asks for whenever the scraper accepts it.
+            return self.collector.exposition() + generate_latest(self._process), content_type
         return encoder(self.registry), content_type
 
     def render_gzip(self, accept: str | None) -> tuple[bytes, str]:
         """render(), gzipped; the text format reuses each unchanged family's compressed form."""
         self._prepare_in_background()
-        if not openmetrics_only(accept):
-            return self.collector.exposition_gzip(generate_latest(self._process)), TEXT_CONTENT_TYPE
         encoder, content_type = choose_encoder(accept or "")
+        if content_type.startswith("text/plain"):
+            return self.collector.exposition_gzip(generate_latest(self._process)), content_type
         return gzip.compress(encoder(self.registry), compresslevel=GZIP_LEVEL, mtime=0), content_type
-
-
-TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-"""The classic text format, the one the incremental renderer writes."""
-
-
-def openmetrics_only(accept: str | None) -> bool:
-    """Whether a scraper with this Accept header takes OpenMetrics and not the classic text format.
-
-    Prometheus lists OpenMetrics first and the text format after it at a lower q. The text format is what the
-    incremental renderer serves; OpenMetrics is rendered from every family afresh (1.5 s at 1,000 servers), so it
-    goes only to a scraper that asks for nothing else, as Go exporters serve the text format unless told otherwise.
-    """
-    for part in (accept or "").split(","):
-        media, *params = (p.strip() for p in part.split(";"))
-        refused = any(p.replace(" ", "") in ("q=0", "q=0.0", "q=0.00", "q=0.000") for p in params)
-        if media.lower() in ("text/plain", "text/*", "*/*", "") and not refused:
-            return False
-    return "application/openmetrics-text" in (accept or "")
 
 
 PREPARE_SECONDS = 1.0
