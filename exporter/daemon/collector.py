@@ -444,14 +444,9 @@ def _canaries_key(server: ServerState) -> tuple[object, ...]:
 
 
 def _verdict_key(server: ServerState) -> tuple[object, ...]:
-    """Everything ModelState.evidence() reads: a poll makes a new model state, but rarely another verdict."""
-    keys = []
-    for key, m in server.models.items():
-        poll = m.poll
-        speculation = None if poll is None else (poll.slots.speculative if poll.slots is not None else None,
-                                                 poll.props.speculative)
-        keys.append((key, m.status, m.poll_failure if poll is None else None, speculation, m.endpoints, m.canaries))
-    return tuple(keys)
+    """The verdict of each model: a poll makes a new model state, but rarely another verdict (decided once per state,
+    and already by the watcher when it logs a change)."""
+    return tuple((key, m.decision.verdict) for key, m in server.models.items())
 
 
 @dataclass(frozen=True)
