@@ -227,7 +227,7 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
         await asyncio.sleep(0.2)
     out["burst_scrapes"] = [s for s in served if s["at"] > started + wall]
     # After the memory readings: the decoded body and its lines are the benchmark's, not the daemon's.
-    text = daemon.exposition.render(None)[0].decode()
+    text = daemon.exposition.renderer.text().decode()
     snapshot = daemon.fleet.snapshot()
     out.update(servers=len(snapshot), polled_ok=sum(1 for s in snapshot if s.poll_success),
                series_per_server=_series_per_server(text, len(snapshot)), metrics_bytes=len(text.encode()),

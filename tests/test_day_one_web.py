@@ -16,7 +16,8 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.daemon.web import WebApp, accepts_gzip
+from exporter.daemon.exposition.serve import TEXT_FORMAT, Scrape, accepts_gzip
+from exporter.daemon.web import WebApp
 from tests.support.certs import Certs, client_certs, make_certs
 from tests.support.loopback import FaultServer
 from tests.support.net import HOST
@@ -26,10 +27,16 @@ BODY = b"".join(b'specwatch_up{server="s%d"} 1\n' % i for i in range(2000))
 USER, PASSWORD = "prometheus", "scrape-secret"
 
 
+def _metrics(accept: str | None, encoding: str | None) -> Scrape:
+    """A large body, gzipped as the exposition would: the web app only carries what it is given."""
+    zipped = accepts_gzip(encoding)
+    return Scrape(gzip.compress(BODY) if zipped else BODY, TEXT_FORMAT, zipped)
+
+
 @pytest.fixture
 def app():
     accepted: list[socket.socket] = []
-    web = WebApp(lambda accept: (BODY, "text/plain; version=0.0.4; charset=utf-8"), page=lambda: "", reload=lambda: None)
+    web = WebApp(_metrics, page=lambda: "", reload=lambda: None)
     host, port = web.start("127.0.0.1", 0)
     original = web._httpd.get_request  # type: ignore[union-attr]
 

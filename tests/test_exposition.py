@@ -11,8 +11,10 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.daemon.collector import ExporterStatus, Exposition, SpecwatchCollector
 from exporter.daemon.discovery import SourceStatus
+from exporter.daemon.exposition.registry import SpecwatchCollector
+from exporter.daemon.exposition.samples import ExporterStatus
+from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
@@ -72,7 +74,7 @@ def test_endpoint_serves_metrics_landing_page_and_health() -> None:
 
     reloads = []
     row = landing.Row(server="a<b>", url="http://h:1", verdict=Verdict.UNCHECKED, summary="not polled yet", poll="not polled")
-    app = WebApp(exposition.render, page=lambda: landing.render([row]), reload=lambda: reloads.append(1) or None)
+    app = WebApp(exposition.scrape, page=lambda: landing.render([row]), reload=lambda: reloads.append(1) or None)
     host, port = app.start("127.0.0.1", 0)
     try:
         base = f"http://{host}:{port}"
@@ -94,7 +96,7 @@ def test_endpoint_serves_metrics_landing_page_and_health() -> None:
 def test_listens_on_ipv6_loopback() -> None:
     from exporter.daemon.web import parse_listen
 
-    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, page=lambda: "", reload=lambda: None)
+    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).scrape, page=lambda: "", reload=lambda: None)
     host, port = app.start(*parse_listen("[::1]:0"))
     try:
         assert host == "::1" and httpx.get(f"http://[::1]:{port}/-/healthy").status_code == 200
@@ -105,7 +107,7 @@ def test_listens_on_ipv6_loopback() -> None:
 def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
     import socket
 
-    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).render, page=lambda: "", reload=lambda: None,
+    app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).scrape, page=lambda: "", reload=lambda: None,
                  client_timeout=0.5)
     host, port = app.start("127.0.0.1", 0)
     try:

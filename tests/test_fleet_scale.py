@@ -14,7 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.exposition.registry import SpecwatchCollector
+from exporter.daemon.exposition.samples import ExporterStatus
+from exporter.daemon.exposition.text import TextRenderer
 from exporter.daemon.run import Daemon
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
@@ -147,10 +149,11 @@ async def test_fast_exposition_is_byte_identical_to_generate_latest(make_watcher
     watcher = make_watcher(fakes, servers=servers, canary_tokens=8)
     status = ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1_700_000_000.5)
     collector = SpecwatchCollector(watcher.fleet, lambda: status)
+    renderer = TextRenderer(watcher.fleet, lambda: status)
     names = [s["name"] for s in servers]
 
     def same() -> None:
-        assert collector.exposition() == _registry_text(collector)
+        assert renderer.text() == _registry_text(collector)
 
     same()  # nothing polled yet: headers only
     await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
@@ -169,35 +172,38 @@ async def test_fast_exposition_is_byte_identical_to_generate_latest(make_watcher
     watcher.apply(settings, list(settings.servers))
     status = replace(status, reload_successful=False, last_reload_success_timestamp=None)
     same()
-    text = collector.exposition().decode()
+    text = renderer.text().decode()
     assert 'server="noslots"' not in text and 'pool="other",server="plain"' in text
     assert f"specwatch_poll_failures_total{{reason=\"{Reason.CONNECTION_REFUSED.value}\",server=\"gone\"}} 2.0" in text
 
 
 async def test_fast_exposition_rebuilds_only_what_changed(make_watcher, monkeypatch) -> None:
     """Not a timing test (the benchmark gives figures): a scrape must not redo the work for servers that did not change."""
-    import exporter.daemon.collector
+    from exporter.daemon.exposition import samples
 
     built: list[str] = []
-    original = exporter.daemon.collector._canary_samples
+    canaries = next(i for i, g in enumerate(samples.GROUPS) if g.samples is samples.canary_samples)
+    original = samples.GROUPS[canaries]
 
-    def counting(out, server, labels) -> None:
+    def counting(out, server) -> None:
         built.append(server.config.name)
-        original(out, server, labels)
+        samples.canary_samples(out, server)
 
-    monkeypatch.setattr(exporter.daemon.collector, "_canary_samples", counting)
+    groups = list(samples.GROUPS)
+    groups[canaries] = replace(original, samples=counting)
+    monkeypatch.setattr("exporter.daemon.exposition.text.GROUPS", tuple(groups))
     fakes = {f"s{i}": (FakeLlama.draft(tokens=8) if i % 5 == 0 else FakeLlama.plain(tokens=8)) for i in range(FLEET)}
     watcher = make_watcher(fakes, canary_tokens=8, canary_endpoints=["chat"])
     names = list(fakes)
     await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
     collector = SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
-    first = collector.exposition()
+    renderer = TextRenderer(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    first = renderer.text()
     assert len(built) == FLEET
     await asyncio.gather(*(watcher.poll(n) for n in names))
     await watcher.canary("s7")
     built.clear()
-    second = collector.exposition()
+    second = renderer.text()
     assert built == ["s7"], "only the server with a new canary result has its canary lines rebuilt"
     assert second != first
-    monkeypatch.setattr(exporter.daemon.collector, "_canary_samples", original)
     assert second == _registry_text(collector)

@@ -10,7 +10,8 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from exporter.daemon import landing
-from exporter.daemon.collector import ExporterStatus, Exposition
+from exporter.daemon.exposition.samples import ExporterStatus
+from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.web import WebApp
 from tests.support.wire import FakeLlama
 
@@ -50,7 +51,7 @@ def served(make_watcher, tmp_path: Path):
     asyncio.run(probe())
     exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
     page = lambda: landing.render([row for s in watcher.fleet.snapshot() for row in landing.rows(s, watcher._clock())])  # noqa: E731
-    app = WebApp(exposition.render, page=page, reload=lambda: None)
+    app = WebApp(exposition.scrape, page=page, reload=lambda: None)
     host, port = app.start("127.0.0.1", 0)
     yield f"http://{host}:{port}/"
     app.stop()

@@ -60,7 +60,7 @@ def _held(daemon: Daemon) -> dict[str, int]:
         "in_flight": len(watcher._in_flight),
         "pools": len(daemon.client._transport),  # type: ignore[attr-defined]
         "fds": len(os.listdir("/proc/self/fd")),
-        **daemon.exposition.collector.memo_sizes(),
+        **daemon.exposition.renderer.memo_sizes(),
     }
 
 

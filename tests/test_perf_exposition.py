@@ -1,4 +1,4 @@
-"""The cached /metrics renderer: gzip from reused deflate runs, nothing rebuilt for unchanged servers, series per server."""
+"""The cached /metrics renderer: nothing rebuilt for unchanged servers, gzip reused per preparation, series per server."""
 
 from __future__ import annotations
 
@@ -11,33 +11,27 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-import exporter.daemon.collector
-from exporter.daemon.collector import ExporterStatus, Exposition, SpecwatchCollector, gzip_member
+from exporter.daemon.exposition import samples
+from exporter.daemon.exposition.registry import SpecwatchCollector
+from exporter.daemon.exposition.samples import ExporterStatus
+from exporter.daemon.exposition.serve import Exposition
+from exporter.daemon.exposition.text import TextRenderer
 from exporter.daemon.web import WebApp
 from exporter.settings import Settings
 from tests.support.wire import FakeLlama
 
 
-def _registry_text(collector: SpecwatchCollector) -> bytes:
+def _registry_text(fleet, status) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    registry.register(SpecwatchCollector(fleet, status))
     return generate_latest(registry)
 
 
-def test_gzip_member_of_separate_runs_is_one_valid_member() -> None:
-    texts = [b"# HELP a x\n" + b"a{server=\"s\"} 1.0\n" * 500, b"", b"b 2.0\n" * 3, "é\n".encode()]
-    member = gzip_member([exporter.daemon.collector._Block(text) for text in texts], tail=b"tail 1.0\n")
-    expected = b"".join(texts) + b"tail 1.0\n"
-    assert gzip.decompress(member) == expected
-    assert zlib.decompress(member, wbits=31) == expected  # one member: a reader that stops after the first sees it all
-    assert httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=member).content == expected
-    assert exporter.daemon.collector._crc32_combine is not None, "zlib's crc32_combine is found where CI runs"
+def test_every_server_family_is_rendered_by_exactly_one_group() -> None:
+    from exporter.daemon.exposition.catalog import SERVER
 
-
-def test_gzip_member_without_crc32_combine(monkeypatch) -> None:
-    monkeypatch.setattr(exporter.daemon.collector, "_crc32_combine", None)
-    texts = [b"a 1.0\n" * 100, b"b 2.0\n"]
-    assert gzip.decompress(gzip_member([exporter.daemon.collector._Block(t) for t in texts])) == b"".join(texts)
+    grouped = [f for g in samples.GROUPS for f in g.families]
+    assert sorted(grouped) == sorted(f.name for f in SERVER) and len(grouped) == len(set(grouped))
 
 
 async def test_gzipped_exposition_is_the_text_exposition_through_every_kind_of_change(make_watcher, clock) -> None:
@@ -45,12 +39,14 @@ async def test_gzipped_exposition_is_the_text_exposition_through_every_kind_of_c
     servers = [{"name": name, "url": f"http://{name}:8080", "labels": {"pool": "a"}} for name in fakes]
     watcher = make_watcher(fakes, servers=servers, canary_tokens=8)
     status = ExporterStatus(15.0, 60.0, last_reload_success_timestamp=1_700_000_000.5)
-    collector = SpecwatchCollector(watcher.fleet, lambda: status)
+    exposition = Exposition(watcher.fleet, lambda: status)
 
     def same() -> None:
-        text = collector.exposition()
-        assert gzip.decompress(collector.exposition_gzip(b"extra 1\n")) == text + b"extra 1\n"
-        assert text == _registry_text(collector)
+        text = exposition.renderer.text()
+        plain, zipped = exposition.scrape(None, "identity"), exposition.scrape(None, "gzip")
+        assert zipped.gzipped and not plain.gzipped
+        assert gzip.decompress(zipped.body).startswith(text) and plain.body.startswith(text)
+        assert text == _registry_text(watcher.fleet, lambda: status)
 
     same()
     await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
@@ -65,7 +61,7 @@ async def test_gzipped_exposition_is_the_text_exposition_through_every_kind_of_c
     settings = Settings(servers=kept, canary_tokens=8)
     watcher.apply(settings, list(settings.servers))
     same()
-    text = collector.exposition().decode()
+    text = exposition.renderer.text().decode()
     assert 'server="draft"' not in text and 'pool="b",server="plain"' in text and 'pool="a",server="plain"' not in text
 
 
@@ -73,23 +69,24 @@ async def test_an_unchanged_fleet_rebuilds_no_line(make_watcher, monkeypatch) ->
     fakes = {f"s{i}": FakeLlama.draft(tokens=8) if i % 2 else FakeLlama.plain(tokens=8) for i in range(6)}
     watcher = make_watcher(fakes, canary_tokens=8)
     await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
-    collector = SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
-    collector.exposition_gzip()
+    renderer = TextRenderer(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    renderer.text()
     built: list[str] = []
-    for group in exporter.daemon.collector._GROUPS:
-        original = getattr(exporter.daemon.collector, group.build)
 
-        def counting(out, server, labels, original=original, name=group.build) -> None:
-            built.append(name)
-            original(out, server, labels)
+    def counting(group: samples.Group) -> samples.Group:
+        def build(out, server) -> None:
+            built.append(group.samples.__name__)
+            group.samples(out, server)
 
-        monkeypatch.setattr(exporter.daemon.collector, group.build, counting)
-    collector.exposition()
-    collector.exposition_gzip()
+        return replace(group, samples=build)
+
+    monkeypatch.setattr("exporter.daemon.exposition.text.GROUPS", tuple(counting(g) for g in samples.GROUPS))
+    renderer.text()
+    renderer.text()
     assert built == []
     await watcher.poll("s1")  # a poll with the same answers: its timing and counters, nothing else
-    collector.exposition()
-    assert built == ["_poll_samples"]
+    renderer.text()
+    assert built == ["poll_samples"]
 
 
 async def test_series_per_server(make_watcher) -> None:
@@ -97,7 +94,7 @@ async def test_series_per_server(make_watcher) -> None:
     fakes = {"plain": FakeLlama.plain(tokens=8), "draft": FakeLlama.draft(tokens=8)}
     watcher = make_watcher(fakes, canary_tokens=8)
     await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
-    text = SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0)).exposition().decode()
+    text = TextRenderer(watcher.fleet, lambda: ExporterStatus(15.0, 60.0)).text().decode()
     series = {name: sum(1 for line in text.splitlines() if line.startswith("specwatch_") and f'server="{name}"' in line)
               for name in fakes}
     # Per server: 10 poll series, 7 per canaried endpoint (8 with draft counts), 4 verdicts and 5 other canary series.
@@ -109,7 +106,7 @@ def test_the_endpoint_serves_gzip_that_decompresses_to_the_plain_answer(accept: 
     from exporter.daemon.state import Fleet
 
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
-    app = WebApp(exposition.render, metrics_gzip=exposition.render_gzip, page=lambda: "", reload=lambda: None)
+    app = WebApp(exposition.scrape, page=lambda: "", reload=lambda: None)
     host, port = app.start("127.0.0.1", 0)
     try:
         headers = {"Accept": accept} if accept else {}
@@ -131,26 +128,50 @@ async def test_a_scrape_serves_what_was_just_prepared_unless_servers_or_settings
     watcher = make_watcher(fakes, canary_tokens=8)
     await asyncio.gather(*(watcher.poll(n) for n in fakes))
     status = ExporterStatus(15.0, 60.0)
-    collector = SpecwatchCollector(watcher.fleet, lambda: status)
-    collector.prepare()
-    prepared = collector.exposition()
+    renderer = TextRenderer(watcher.fleet, lambda: status)
+    renderer.prepare()
+    prepared = renderer.text()
     await watcher.canary("b")  # a new value, within the preparation's lifetime: served at the next preparation
-    assert collector.exposition() == prepared
-    collector.prepare()
-    assert collector.exposition() != prepared and 'endpoint="chat",server="b"' in collector.exposition().decode()
-    assert gzip.decompress(collector.exposition_gzip()) == collector.exposition()
+    assert renderer.text() is prepared
+    renderer.prepare()
+    assert renderer.text() != prepared and 'endpoint="chat",server="b"' in renderer.text().decode()
 
     status = replace(status, reload_successful=False)  # a reload: served at once
-    assert b"specwatch_config_last_reload_successful 0.0" in collector.exposition()
-    collector.prepare()
+    assert b"specwatch_config_last_reload_successful 0.0" in renderer.text()
+    renderer.prepare()
     settings = Settings(servers=[{"name": "a", "url": "http://a:8080"}], canary_tokens=8)
     watcher.apply(settings, list(settings.servers))  # a server removed: served at once
-    assert 'server="b"' not in collector.exposition().decode()
+    assert 'server="b"' not in renderer.text().decode()
 
-    collector.prepare()
+    renderer.prepare()
     await watcher.poll("a")
-    monkeypatch.setattr(exporter.daemon.collector, "PREPARED_FOR", 0.0)  # a preparation too old is not served
-    assert collector.exposition() == _registry_text(collector)
+    monkeypatch.setattr("exporter.daemon.exposition.text.PREPARED_FOR", 0.0)  # a preparation too old is not served
+    assert renderer.text() == _registry_text(watcher.fleet, lambda: status)
+
+
+async def test_the_scrapes_of_one_preparation_compress_the_fleet_once(make_watcher, monkeypatch) -> None:
+    fakes = {"a": FakeLlama.plain(tokens=8), "b": FakeLlama.draft(tokens=8)}
+    watcher = make_watcher(fakes, canary_tokens=8)
+    await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
+    exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    exposition.renderer.prepare()
+    from exporter.daemon.exposition import serve
+
+    made: list[bytes] = []
+    original = serve._GzipPrefix.__init__
+
+    def counting(self, text: bytes) -> None:
+        made.append(text)
+        original(self, text)
+
+    monkeypatch.setattr(serve._GzipPrefix, "__init__", counting)
+    bodies = [exposition.scrape(None, "gzip").body for _ in range(3)]
+    fleet_text = exposition.renderer.text()
+    for body in bodies:
+        # One member: a reader that stops after the first (httpx, urllib3) sees it all.
+        assert zlib.decompress(body, wbits=31).startswith(fleet_text) and b"process_cpu_seconds_total" in gzip.decompress(body)
+        assert zlib.decompress(body, wbits=31) == gzip.decompress(body)
+    assert made == [fleet_text], "the fleet's text is compressed once per preparation, the process metrics at each scrape"
 
 
 def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypatch) -> None:
@@ -159,16 +180,16 @@ def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypat
     from exporter.settings import load_settings
 
     daemon = Daemon(None, load_settings(None))
-    collector = daemon.exposition.collector
-    collector.prepare()
+    renderer = daemon.exposition.renderer
+    renderer.prepare()
     renders = []
-    original = collector._render
-    monkeypatch.setattr(collector, "_render", lambda: renders.append(1) or original())
-    collector.exposition()
-    collector.exposition_gzip()
+    original = renderer._render
+    monkeypatch.setattr(renderer, "_render", lambda status: renders.append(1) or original(status))
+    daemon.exposition.scrape(None, None)
+    daemon.exposition.scrape(None, "gzip")
     assert renders == []
     daemon.status = replace(daemon.status, reload_successful=False)  # a reload: rendered at once
-    collector.exposition()
+    daemon.exposition.scrape(None, None)
     assert renders == [1]
 
 
@@ -194,7 +215,7 @@ def test_the_text_format_is_served_to_every_scraper_that_accepts_it(accept: str 
     collected = []
     original = exposition.collector.collect
     monkeypatch.setattr(exposition.collector, "collect", lambda: collected.append(1) or original())
-    app = WebApp(exposition.render, metrics_gzip=exposition.render_gzip, page=lambda: "", reload=lambda: None)
+    app = WebApp(exposition.scrape, page=lambda: "", reload=lambda: None)
     host, port = app.start("127.0.0.1", 0)
     try:
         for encoding in ("identity", "gzip"):

@@ -13,8 +13,9 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
 from exporter.daemon.discovery import SourceStatus
+from exporter.daemon.exposition.registry import SpecwatchCollector
+from exporter.daemon.exposition.samples import ExporterStatus
 from tests.support.chain import (
     ALERTS,
     EXAMPLES,

@@ -17,7 +17,8 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.exposition.registry import SpecwatchCollector
+from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher

@@ -13,8 +13,9 @@ import structlog
 
 from exporter import __version__
 from exporter.daemon import landing, memory
-from exporter.daemon.collector import ExporterStatus, Exposition
 from exporter.daemon.discovery import Discovery, SourceStatus, targets_out
+from exporter.daemon.exposition.samples import ExporterStatus
+from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.shard import select
 from exporter.daemon.state import Fleet
@@ -111,8 +112,7 @@ class Daemon:
 
     def web_app(self, authorise: Any = None) -> WebApp:
         return WebApp(
-            self.exposition.render,
-            metrics_gzip=self.exposition.render_gzip,
+            self.exposition.scrape,
             page=self.landing_page,
             reload=self.reload_from_thread,
             authorise=authorise,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import socket
 import ssl
@@ -10,54 +9,20 @@ import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from exporter import __version__
 from exporter.verdict import Verdict
+
+if TYPE_CHECKING:
+    from exporter.daemon.exposition.serve import Scrape
 
 DEFAULT_PORT = 9824
 VERDICTS = tuple(v.value for v in Verdict)
 OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
 """Answered without credentials: they reveal nothing, and liveness probes (Docker, Kubernetes) send none."""
 MAX_REQUEST_BODY = 64 * 1024
-GZIP_LEVEL = 1  # text metrics shrink about tenfold even at the fastest level, which keeps a large fleet's scrape cheap
-
-
-def _weights(header: str | None) -> dict[str, float]:
-    """An Accept or Accept-Encoding header as {token: q-value}; a q that is not a number refuses its token."""
-    weights: dict[str, float] = {}
-    for part in (header or "").split(","):
-        token, *params = (p.strip() for p in part.split(";"))
-        weight = 1.0
-        for param in params:
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    weight = float(value)
-                except ValueError:
-                    weight = 0.0
-        if token:
-            weights[token.lower()] = weight
-    return weights
-
-
-def accepts_gzip(header: str | None) -> bool:
-    """Whether an Accept-Encoding header allows gzip (q-values honoured: 'gzip;q=0' refuses it)."""
-    weights = _weights(header)
-    return weights.get("gzip", weights.get("*", 0.0)) > 0
-
-
-def accepts_text_format(header: str | None) -> bool:
-    """Whether a scraper's Accept header allows the classic text format (no header at all does).
-
-    Prometheus lists OpenMetrics first and the text format after it at a lower q. The text format is what the
-    renderer keeps ready; OpenMetrics is rendered from every family afresh (1.5 s at 1,000 servers), so it goes only
-    to a scraper that accepts nothing else, as Go exporters serve the text format unless told otherwise.
-    """
-    if not header:
-        return True
-    weights = _weights(header)
-    return max(weights.get("text/plain", 0.0), weights.get("text/*", 0.0), weights.get("*/*", 0.0)) > 0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -121,23 +86,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         app = self.server.app
         if path == "/metrics":
-            gzipped = accepts_gzip(self.headers.get("Accept-Encoding"))
-            accept = self.headers.get("Accept")
-            accept = None if accepts_text_format(accept) else accept  # None: the text format
             try:
-                if gzipped and app.metrics_gzip is not None:
-                    body, content_type = app.metrics_gzip(accept)
-                else:
-                    body, content_type = app.metrics(accept)
-                    if gzipped:
-                        body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+                scrape = app.metrics(self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
             except Exception as err:  # noqa: BLE001 - a broken scrape must answer, not kill the thread
                 self._send(500, f"error collecting metrics: {err.__class__.__name__}\n".encode())
                 return
-            headers = {"Vary": "Accept-Encoding"}
-            if gzipped:
-                headers["Content-Encoding"] = "gzip"
-            self._send(200, body, content_type, headers)
+            headers = {"Vary": "Accept-Encoding", **({"Content-Encoding": "gzip"} if scrape.gzipped else {})}
+            self._send(200, scrape.body, scrape.content_type, headers)
         elif path == "/":
             self._send(200, app.page().encode(), "text/html; charset=utf-8")
         elif path == "/sd" and app.sd is not None:
@@ -193,7 +148,7 @@ class WebApp:
 
     def __init__(
         self,
-        metrics: Callable[[str | None], tuple[bytes, str]],
+        metrics: Callable[[str | None, str | None], Scrape],
         *,
         page: Callable[[], str],
         reload: Callable[[], str | None],
@@ -203,12 +158,9 @@ class WebApp:
         headers: dict[str, str] | None = None,
         admit: Callable[[socket.socket], bool] | None = None,
         sd: Callable[[str | None], list[dict[str, object]]] | None = None,
-        metrics_gzip: Callable[[str | None], tuple[bytes, str]] | None = None,
     ) -> None:
         self.metrics = metrics
-        """(body, content type) of a scrape, given its Accept header."""
-        self.metrics_gzip = metrics_gzip
-        """The same, gzipped by the renderer itself (it can reuse what did not change); else the body is gzipped here."""
+        """The answer to a scrape, given its Accept and Accept-Encoding headers."""
         self.page = page
         """The landing page's HTML."""
         self.reload = reload

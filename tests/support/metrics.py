@@ -6,7 +6,8 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.daemon.collector import ExporterStatus, SpecwatchCollector
+from exporter.daemon.exposition.registry import SpecwatchCollector
+from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.state import Fleet
 
 Samples = dict[tuple[str, tuple], float]

@@ -1,0 +1,91 @@
+"""Every metric family specwatch exports, declared once: name, kind, labels and HELP, as node_exporter's typed descs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: Literal["gauge", "counter"]
+    labels: tuple[str, ...]
+    """Labels of its own; a server's series also carry `server`, its static labels and, for a router's model, `model`."""
+    help: str
+
+    @property
+    def sample(self) -> str:
+        """The sample name: counters end in _total."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+# Static text: the configured intervals are samples of their own (specwatch_poll_interval_seconds and
+# specwatch_canary_interval_seconds), so every header is encoded once.
+_CACHED = "Cached from the last successful canary, refreshed every canary_interval."
+_POLLED = "From the last poll, every poll_interval."
+SERVER: tuple[Family, ...] = (
+    Family("specwatch_up", "gauge", (),
+           f"1 when the last poll of /health, /props and /slots got valid answers, else 0. {_POLLED}"),
+    Family("specwatch_speculation_enabled", "gauge", ("source",),
+           f"1 when the endpoint named by source reports speculative decoding on, 0 off; absent when unknown. {_POLLED}"),
+    Family("specwatch_speculation_contradiction", "gauge", (),
+           "1 when /slots reports speculation on while /props reports none (a config audit reading /props is misled). "
+           + _POLLED),
+    Family("specwatch_slots", "gauge", (), f"Total slots (parallel sequences) of the server. {_POLLED}"),
+    Family("specwatch_server_info", "gauge", ("build", "model"), f"Build and model the server reports; always 1. {_POLLED}"),
+    Family("specwatch_poll_duration_seconds", "gauge", (), "Wall time of the last poll."),
+    Family("specwatch_last_poll_success_timestamp_seconds", "gauge", (), "Unix time of the last successful poll."),
+    Family("specwatch_polls", "counter", ("outcome",),
+           "Polls of the server by outcome (success, failure); both from the first poll."),
+    Family("specwatch_poll_failures", "counter", ("reason",), "Failed polls by reason (a closed set; see the README)."),
+    Family("specwatch_model_loaded", "gauge", ("model",),
+           f"Router models: 1 when the router reports the model loaded, 0 otherwise (never loaded by specwatch). {_POLLED}"),
+    Family("specwatch_canary_placeholder_ratio", "gauge", ("endpoint",),
+           f"Share of the canary's tokens after the first that are fill-ins (placeholder logprobs). {_CACHED}"),
+    Family("specwatch_canary_tokens", "gauge", ("endpoint",), f"Tokens in the canary's answer. {_CACHED}"),
+    Family("specwatch_canary_placeholder_tokens", "gauge", ("endpoint",),
+           f"Fill-ins (placeholder logprobs: 0.0 with no alternatives) among the canary's tokens. {_CACHED}"),
+    Family("specwatch_canary_mean_logprob", "gauge", ("endpoint",),
+           f"Mean logprob of the canary's answer, as an eval would compute it from the values the response carries. {_CACHED}"),
+    Family("specwatch_canary_draft_tokens", "gauge", ("endpoint",),
+           f"Tokens the server drafted for the canary (timings.draft_n), when reported. {_CACHED}"),
+    Family("specwatch_serving_placeholders", "gauge", (),
+           "1 when the last successful canary of any endpoint found fill-ins (placeholder logprobs), else 0; kept while "
+           f"the server is down. specwatch_verdict is the decision alerts and `specwatch check` use. {_CACHED}"),
+    Family("specwatch_verdict", "gauge", ("verdict",),
+           "The verdict on the server's logprobs; exactly one of the four is 1. clean: every token carries its "
+           "alternatives; fill_ins: a canary found fill-ins; unproven: speculating per /slots or /props and no canary "
+           "drafted; unchecked: not polled, down, unauthorised, no logprobs, or an endpoint not checked."),
+    Family("specwatch_canary_success", "gauge", ("endpoint",),
+           "1 when the last canary of the endpoint completed and could be classified, else 0."),
+    Family("specwatch_canary_duration_seconds", "gauge", ("endpoint",), "Wall time of the last canary of the endpoint."),
+    Family("specwatch_canary_last_success_timestamp_seconds", "gauge", ("endpoint",),
+           "Unix time of the last successful canary of the endpoint."),
+    Family("specwatch_canaries", "counter", ("outcome",), "Canaries by outcome (success, failure); both from the first canary."),
+    Family("specwatch_canary_failures", "counter", ("endpoint", "reason"),
+           "Failed canaries by endpoint and reason (a closed set; see the README)."),
+    Family("specwatch_canary_requested_tokens", "counter", (),
+           "Tokens the canaries asked the server to generate: the price of watching it, in its own tokens."),
+    Family("specwatch_canary_generated_tokens", "counter", (), "Tokens in the answers of successful canaries."),
+)
+
+EXPORTER: tuple[Family, ...] = (
+    Family("specwatch_build_info", "gauge", ("version",), "specwatch's version; always 1."),
+    Family("specwatch_poll_interval_seconds", "gauge", (), "The configured poll_interval."),
+    Family("specwatch_canary_interval_seconds", "gauge", (), "The configured canary_interval; alerts scale staleness with it."),
+    Family("specwatch_servers", "gauge", (), "Servers this exporter watches (its shard of the configured ones)."),
+    Family("specwatch_configured_servers", "gauge", (),
+           "Servers in the configuration, static and discovered, before sharding: what all replicas together watch."),
+    Family("specwatch_config_last_reload_successful", "gauge", (),
+           "1 when the last configuration load or reload succeeded, else 0."),
+    Family("specwatch_config_last_reload_success_timestamp_seconds", "gauge", (),
+           "Unix time of the last successful configuration load or reload."),
+    Family("specwatch_discovery_targets", "gauge", ("source",), "Servers a discovery source (file_sd, http_sd) gives now."),
+    Family("specwatch_discovery_refresh_successful", "gauge", ("source",),
+           "1 when the source's last refresh was accepted; 0 when a file or answer was refused (its old targets stay)."),
+    Family("specwatch_discovery_last_success_timestamp_seconds", "gauge", ("source",),
+           "Unix time of the source's last good refresh."),
+)
+
+FAMILIES = {family.name: family for family in (*SERVER, *EXPORTER)}
