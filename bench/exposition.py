@@ -13,11 +13,11 @@ from exporter.daemon import logs
 from exporter.daemon.cadence import Round
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
+from exporter.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.simfleet import FleetOptions, is_speculating, lookalike
 

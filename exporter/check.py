@@ -8,39 +8,36 @@ from typing import Any
 import httpx
 
 from exporter.probe import probes
-from exporter.probe.canary import Endpoint, Tally
+from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
-from exporter.probe.probes import ModelPoll
 from exporter.reasons import ProbeFailure
+from exporter.report import EndpointReport, ModelReport, model_report
+from exporter.runner import Runner
 from exporter.settings import ServerConfig
-from exporter.verdict import SEVERITY, Decision, EndpointEvidence, Evidence, Verdict, decide
+from exporter.state import Fleet, ServerState
+from exporter.verdict import NOTHING_LOADED, Decision, Verdict, worst
 
-ROUNDS = 2
-
-
-@dataclass
-class EndpointReport:
-    endpoint: str
-    tokens: int | None = None
-    fill_ins: int | None = None
-    fill_in_ratio: float | None = None
-    mean_logprob: float | None = None
-    draft_n: int | None = None
-    error: str | None = None
+CHECKED = "check"
+"""The name of the one server a check watches, in its fleet of one."""
 
 
-@dataclass
-class ModelReport:
-    """The verdict on one model of a router."""
+@dataclass(frozen=True)
+class CheckPolicy:
+    """One size and one timeout for every canary and request: a check runs once, so it stays thorough."""
 
-    model: str
-    status: str
-    verdict: str = Verdict.UNCHECKED.value
-    summary: str = ""
-    speculation_slots: bool | None = None
-    speculation_props: bool | None = None
-    build: str | None = None
-    endpoints: list[EndpointReport] = field(default_factory=list)
+    tokens: int
+    timeout: float
+
+    @property
+    def canary_tokens(self) -> int:
+        return self.tokens
+
+    @property
+    def canary_tokens_speculating(self) -> int:
+        return self.tokens
+
+    def timeout_for(self, server: ServerConfig, *, canary: bool) -> float:
+        return self.timeout
 
 
 @dataclass
@@ -62,15 +59,6 @@ class CheckReport:
         return asdict(self)
 
 
-def _report_entry(endpoint: str, tally: Tally | None, error: str | None) -> EndpointReport:
-    entry = EndpointReport(endpoint=endpoint, error=error)
-    if tally is not None:
-        entry.tokens, entry.fill_ins, entry.draft_n = tally.tokens, tally.fill_ins, tally.draft_n
-        entry.fill_in_ratio = round(tally.fill_in_ratio, 4)
-        entry.mean_logprob = None if tally.mean_logprob is None else round(tally.mean_logprob, 4)
-    return entry
-
-
 async def run_check(
     server: ServerConfig,
     *,
@@ -81,23 +69,36 @@ async def run_check(
     client: httpx.AsyncClient | None = None,
     load: bool = False,
 ) -> CheckReport:
-    """Poll the server and canary every loaded model (the configured one with `server.model`).
+    """Poll the server and canary every loaded model (the configured one with `server.model`), through the runner.
 
     Nothing is ever loaded unless `load` asks for the configured model: a check must not change what it checks.
     """
-    report = CheckReport(url=server.url)
+    server = server.model_copy(update={"name": CHECKED})
+    fleet = Fleet([server], endpoints)
     async with client or new_client() as http:
         fetcher = Fetcher(http, max_bytes)
-        try:
-            polled = await probes.poll(fetcher, server, timeout=timeout)
-            if load and server.model and polled.router and not polled.models[server.model].loaded:
+        runner = Runner(fleet, fetcher, CheckPolicy(tokens, timeout))
+        polled = await runner.poll_once(server)
+        if load and server.model and polled.result is not None and polled.result.router \
+                and not polled.result.models[server.model].loaded:
+            try:
                 await probes.load(fetcher, server, server.model, timeout=timeout)
-                polled = await probes.poll(fetcher, server, timeout=timeout)
-        except ProbeFailure as failure:
-            return _decided(report, decide(Evidence(poll_failure=str(failure))))
-        checked = [await _check_model(fetcher, server, key, found, endpoints=endpoints, tokens=tokens, timeout=timeout)
-                   for key, found in polled.models.items()]
-    if not polled.router:
+            except ProbeFailure as failure:
+                return _decided(CheckReport(url=server.url), Decision(Verdict.UNCHECKED, f"could not load the model: {failure}"))
+            await runner.poll_once(server)
+        state = fleet.get(CHECKED)
+        assert state is not None  # a fleet of one, never reloaded
+        for key, model in state.models.items():
+            if model.poll is not None:
+                await runner.round(server, key, endpoints, full=True)
+    return report_of(server, fleet.get(CHECKED) or state)
+
+
+def report_of(server: ServerConfig, state: ServerState) -> CheckReport:
+    """The check's report from what the runner recorded: the server's one model, or every model of a router."""
+    report = CheckReport(url=server.url)
+    checked = [(model_report(key, model), model.decision) for key, model in state.models.items()]
+    if not state.router:
         ((only, decision),) = checked
         report.speculation_slots, report.speculation_props = only.speculation_slots, only.speculation_props
         report.build, report.endpoints = only.build, only.endpoints
@@ -105,58 +106,19 @@ async def run_check(
         return _decided(report, decision)
     report.router, report.models, report.model = True, [m for m, _ in checked], server.model
     # A router's verdict is its worst loaded model's: an eval may be sent to any of them.
-    counted = checked if server.model else [(m, d) for m, d in checked if m.status == "loaded"]
+    counted = [(m.model, d) for m, d in checked if server.model or m.status == "loaded"]
     if not counted:
-        return _decided(report, decide(Evidence(poll_failure="the router has no model loaded, and specwatch loads none")))
-    worst, decision = min(counted, key=lambda pair: SEVERITY.index(pair[1].verdict))
+        return _decided(report, NOTHING_LOADED)
+    name, decision = worst(counted)
     if len(checked) > 1:
-        names = ", ".join(f"{m.model}: {m.verdict}" for m, _ in checked)
-        decision = Decision(decision.verdict, f"{decision.summary} (model {worst.model}; models: {names})")
+        verdicts = ", ".join(f"{m.model}: {m.verdict}" for m, _ in checked)
+        decision = Decision(decision.verdict, f"{decision.summary} (model {name}; models: {verdicts})")
     return _decided(report, decision)
 
 
 def _decided(report: CheckReport, decision: Decision) -> CheckReport:
     report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
     return report
-
-
-async def _check_model(
-    fetcher: Fetcher, server: ServerConfig, key: str, found: ModelPoll, *, endpoints: list[Endpoint], tokens: int,
-    timeout: float,
-) -> tuple[ModelReport, Decision]:
-    report = ModelReport(model=key or (found.result.props.model if found.result else ""), status=found.status)
-    if not found.loaded:
-        evidence = Evidence(poll_failure=None, model_status=found.status)
-    elif found.result is None:
-        evidence = Evidence(poll_failure=str(found.failure) if found.failure else "no answer")
-    else:
-        props, slots = found.result.props, found.result.slots
-        report.speculation_props, report.speculation_slots = props.speculative, slots.speculative if slots else None
-        report.build = props.build
-        evidence = Evidence(poll_failure=None, speculation_slots=report.speculation_slots,
-                            speculation_props=report.speculation_props)
-        for _ in range(ROUNDS):
-            tested = [await _probe(fetcher, server, e, key, tokens=tokens, timeout=timeout) for e in endpoints]
-            evidence = Evidence(poll_failure=None, speculation_slots=report.speculation_slots,
-                                speculation_props=report.speculation_props, endpoints=tested)
-            # n-gram speculation learns from earlier requests: a server that speculates but has not drafted yet
-            # often drafts on a second round once it has seen the canary text.
-            if decide(evidence).verdict is not Verdict.UNPROVEN:
-                break
-        report.endpoints = [_report_entry(e.endpoint, e.tally, e.failure) for e in evidence.endpoints]
-    decision = decide(evidence)
-    report.verdict, report.summary = decision.verdict.value, decision.summary
-    return report, decision
-
-
-async def _probe(
-    fetcher: Fetcher, server: ServerConfig, endpoint: Endpoint, key: str, *, tokens: int, timeout: float
-) -> EndpointEvidence:
-    try:
-        tally = await probes.canary(fetcher, server, endpoint, tokens=tokens, timeout=timeout, model=key or None)
-    except ProbeFailure as failure:
-        return EndpointEvidence(endpoint.value, None, str(failure))
-    return EndpointEvidence(endpoint.value, tally)
 
 
 def _endpoint_lines(entries: list[EndpointReport], indent: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -102,3 +102,14 @@ def decide(evidence: Evidence) -> Decision:
     if drafted:
         return Decision(Verdict.CLEAN, "the server drafted and still returned real logprobs with alternatives")
     return Decision(Verdict.CLEAN, "logprobs are real: every token carries its alternatives")
+
+
+NOTHING_LOADED = Decision(Verdict.UNCHECKED, "the router has no model loaded, and specwatch loads none")
+
+
+def worst(decisions: Iterable[tuple[str, Decision]]) -> tuple[str, Decision]:
+    """The worst of several verdicts (models of a router, servers behind one address), with the name it belongs to."""
+    named = list(decisions)
+    if not named:
+        raise ValueError("worst() of nothing: a selection that matched nothing has no verdict")
+    return min(named, key=lambda pair: SEVERITY.index(pair[1].verdict))

@@ -8,10 +8,10 @@ import httpx
 import pytest
 import structlog
 
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
+from exporter.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from exporter.daemon.cadence import MAX_STRETCH, due, spacing
-from exporter.daemon.state import CanaryState, ModelState
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.llama import Props, Slots
 from exporter.probe.probes import ModelPoll, PollResult
 from exporter.reasons import Reason
+from exporter.state import CanaryState, ModelState
 
 ENDPOINTS = (Endpoint.COMPLETION, Endpoint.CHAT, Endpoint.CHAT_STREAM)
 INTERVAL = 60.0

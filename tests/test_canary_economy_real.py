@@ -13,13 +13,13 @@ import pytest
 
 from exporter.daemon.cadence import spacing
 from exporter.daemon.schedule import Schedule
-from exporter.daemon.state import Fleet, ModelState
 from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import Settings
+from exporter.state import Fleet, ModelState
 from exporter.verdict import Verdict
 from tests.support.router import PREDICTED, ROUTER_MODEL, Router, counters
 

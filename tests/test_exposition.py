@@ -15,11 +15,11 @@ from exporter.daemon.discovery import SourceStatus
 from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
 from exporter.probe.fetch import Fetcher
 from exporter.settings import Settings
+from exporter.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 

@@ -18,13 +18,13 @@ from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.text import TextRenderer
 from exporter.daemon.run import Daemon
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import free_port
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
 from exporter.settings import Settings, load_settings
+from exporter.state import Fleet
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
 from tests.support.wire import FakeLlama
 

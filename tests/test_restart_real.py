@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
 from exporter.settings import Settings
+from exporter.state import Fleet
 
 pytestmark = pytest.mark.real
 

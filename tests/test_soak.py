@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.schedule import Schedule
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
 from exporter.settings import Settings
+from exporter.state import Fleet
 from tests.support.net import stranded_sockets
 
 pytestmark = pytest.mark.slow

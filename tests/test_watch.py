@@ -156,10 +156,10 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
     """Not nine warnings a minute forever: one when the trouble starts, a reminder every REMIND_SECONDS, one at the end."""
     import structlog
 
-    from exporter.daemon.state import Fleet
     from exporter.daemon.watch import REMIND_SECONDS, Watcher
     from exporter.probe.fetch import Fetcher
     from exporter.settings import Settings
+    from exporter.state import Fleet
     from tests.support.fakes import fleet_transport
 
     fakes: dict[str, FakeLlama] = {}

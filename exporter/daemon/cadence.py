@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.daemon.state import ModelState
 from exporter.probe.canary import Endpoint
 from exporter.settings import Settings
+from exporter.state import ModelState
 
 DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default
 DEFAULT_TOKENS_SPECULATING: int = Settings.model_fields["canary_tokens_speculating"].default

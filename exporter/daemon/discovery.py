@@ -18,8 +18,8 @@ import structlog
 import yaml
 from pydantic import ValidationError
 
-from exporter.daemon.state import ServerState
 from exporter.settings import ConfigError, FileSDConfig, HttpSDConfig, ServerConfig, Settings, yaml_problem
+from exporter.state import ServerState
 
 log = structlog.get_logger("specwatch")
 GROUP_KEYS = ("targets", "labels")

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from exporter import __version__
-from exporter.daemon.state import ServerState
+from exporter.state import ServerState
 from exporter.verdict import SEVERITY, Verdict
 
 

@@ -18,11 +18,11 @@ from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.shard import select
-from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.settings import ConfigError, ServerConfig, Settings, load_settings, parse_shard
+from exporter.state import Fleet
 
 log = structlog.get_logger("specwatch")
 

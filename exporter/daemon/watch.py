@@ -1,27 +1,26 @@
-"""The watcher: polls each server, canaries the models that are due, times every probe in one place and records it."""
+"""The watcher: the runner under the daemon's limits, starting the canaries that are due and logging trouble once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
 from exporter.daemon.cadence import Round, due
-from exporter.daemon.state import Change, Fleet, ModelState
-from exporter.probe import probes
+from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.fetch import Fetcher
 from exporter.probe.probes import PLAIN
-from exporter.reasons import ProbeFailure, Reason
+from exporter.runner import Measured, Runner
 from exporter.settings import ServerConfig, Settings
+from exporter.state import Change, Fleet, ModelState
 from exporter.verdict import Verdict
 
 log = structlog.get_logger("specwatch")
-T = TypeVar("T")
 REMIND_SECONDS = 600.0
 """A failure that goes on is logged again this often; counters and gauges carry every occurrence."""
 
@@ -36,7 +35,7 @@ class _Streak:
     count: int = 1
 
 
-class Watcher:
+class Watcher(Runner):
     """Polls and canaries for a fleet; at most one poll per server and one canary round per model in flight."""
 
     def __init__(
@@ -48,15 +47,15 @@ class Watcher:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
-        self.fleet = fleet
-        self.fetcher = fetcher
-        self._clock = clock
-        self._monotonic = monotonic
+        super().__init__(fleet, fetcher, settings, clock=clock, monotonic=monotonic)
         self._set_limits(settings.max_concurrency)
         self._in_flight: set[tuple[str, ...]] = set()
         self._rounds: set[asyncio.Task[None]] = set()
         self._streaks: dict[tuple[str, ...], _Streak] = {}
+
+    @property
+    def settings(self) -> Settings:
+        return self.policy  # type: ignore[return-value] - the daemon's policy is its Settings
 
     def _set_limits(self, concurrency: int) -> None:
         # Probes in flight release the semaphores they took; new ones queue on the new ones. Canaries may hold half
@@ -75,7 +74,7 @@ class Watcher:
         if settings.max_concurrency != self.settings.max_concurrency:
             self._set_limits(settings.max_concurrency)
         self.fetcher.max_bytes = settings.max_response_bytes
-        self.settings = settings
+        self.policy = settings
         self.fleet.reconcile(servers, settings.canary_endpoints)
         names = {s.name for s in servers}
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
@@ -87,21 +86,10 @@ class Watcher:
             task.cancel()
         await asyncio.gather(*rounds, return_exceptions=True)
 
-    async def _measure(
-        self, run: Callable[[], Awaitable[T]], timeout: float, *, canary: bool = False
-    ) -> tuple[T | None, Reason | None, str, float]:
+    @contextlib.asynccontextmanager
+    async def _gate(self, *, canary: bool) -> AsyncIterator[None]:
         async with self._canary_limit if canary else contextlib.nullcontext(), self._limit:
-            started = self._monotonic()
-            try:
-                async with asyncio.timeout(timeout):
-                    result = await run()
-                return result, None, "", self._monotonic() - started
-            except ProbeFailure as failure:
-                return None, failure.reason, failure.detail, self._monotonic() - started
-            except TimeoutError:
-                return None, Reason.TIMEOUT, f"no answer within {timeout:g}s", self._monotonic() - started
-            except Exception as err:  # noqa: BLE001 - one server's surprise must never stop the others
-                return None, Reason.INTERNAL, f"{err.__class__.__name__}: {str(err)[:200]}", self._monotonic() - started
+            yield
 
     async def tick(self, name: str) -> None:
         """The scheduled job of one server: poll it, then start the canary rounds that the poll made due."""
@@ -126,24 +114,21 @@ class Watcher:
         if server is None:
             return
         try:
-            timeout = self.settings.timeout_for(server, canary=False)
-            result, reason, detail, duration = await self._measure(
-                lambda: probes.poll(self.fetcher, server, timeout=timeout), timeout
-            )
-            change = self.fleet.record_poll(
-                name, result=result, reason=reason, detail=detail, duration=duration, now=self._clock()
-            )
-            if reason is not None:
-                self._trouble(("poll", name), "poll_failed", reason.value, detail=detail, server=name,
-                              duration=round(duration, 4))
-            else:
-                self._over(("poll", name), "poll_recovered", server=name)
-                log.debug("poll_ok", server=name, duration=round(duration, 4))
-            _log_changes(name, change)
+            await self.poll_once(server)
         except asyncio.CancelledError:
             log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard(("poll", name))
+
+    def _polled(self, server: ServerConfig, measured: Measured[object], change: Change | None) -> None:
+        name, duration = server.name, round(measured.duration, 4)
+        if measured.reason is not None:
+            self._trouble(("poll", name), "poll_failed", measured.reason.value, detail=measured.detail, server=name,
+                          duration=duration)
+        else:
+            self._over(("poll", name), "poll_recovered", server=name)
+            log.debug("poll_ok", server=name, duration=duration)
+        _log_changes(name, change)
 
     async def canary(self, name: str, key: str | None = None, rounds: Round | None = None) -> None:
         """One canary round on one model (by default the server's configured or only one), every endpoint unless told."""
@@ -156,55 +141,29 @@ class Watcher:
             if model is None:
                 return
             plan = rounds or Round(model.endpoints, full=True, rotation=True)
-            self.fleet.start_round(name, key, full=plan.full, now=self._clock())
-            # A full round that proves nothing on a speculating model runs again: n-gram speculation learns from the
-            # first pass and drafts on the second (specwatch check does the same).
-            for _ in range(2 if plan.full else 1):
-                if not await self._canary_pass(state.config, key, plan):
-                    return
-                current = self.fleet.get(name)
-                model_now = current.models.get(key) if current is not None else None
-                if model_now is None or model_now.decision.verdict is not Verdict.UNPROVEN:
-                    return
+            await self.round(state.config, key, plan.endpoints, full=plan.full)
         except asyncio.CancelledError:
             log.debug("canary_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard(("canary", name, key))
 
-    async def _canary_pass(self, server: ServerConfig, key: str, plan: Round) -> bool:
-        """Canary each endpoint of `plan` in turn; False when the model turned out not to be loaded."""
+    def _canaried(self, server: ServerConfig, key: str, endpoint: Endpoint, measured: Measured[Tally],
+                  change: Change | None) -> None:
         name = server.name
-        state = self.fleet.get(name)
-        model = state.models.get(key) if state is not None else None
-        tokens = self.settings.canary_tokens_speculating if model is None or model.suspect else self.settings.canary_tokens
-        timeout = self.settings.timeout_for(server, canary=True)
-        for endpoint in plan.endpoints:
-            tally, reason, detail, duration = await self._measure(
-                lambda endpoint=endpoint: probes.canary(
-                    self.fetcher, server, endpoint, tokens=tokens, timeout=timeout, model=key or None
-                ),
-                timeout,
-                canary=True,
-            )
-            where = {"server": name, **({"model": key} if key else {}), "endpoint": endpoint.value}
-            if reason is Reason.NOT_LOADED:
-                # The router unloaded it since the poll: a state of the model, not a failure of the canary.
-                _log_changes(name, self.fleet.record_unloaded(name, key))
-                return False
-            change = self.fleet.record_canary(
-                name, key, endpoint, tally=tally, reason=reason, detail=detail, duration=duration, now=self._clock(),
-                requested=tokens,
-            )
-            streak = ("canary", name, key, endpoint.value)
-            if tally is None:
-                self._trouble(streak, "canary_failed", reason.value if reason else "", detail=detail,
-                              duration=round(duration, 4), **where)
-            else:
-                self._over(streak, "canary_recovered", **where)
-                log.debug("canary_ok", tokens=tally.tokens, fill_ins=tally.fill_ins, draft_n=tally.draft_n,
-                          duration=round(duration, 4), **where)
-            _log_changes(name, change)
-        return True
+        where = {"server": name, **({"model": key} if key else {}), "endpoint": endpoint.value}
+        streak = ("canary", name, key, endpoint.value)
+        tally = measured.result
+        if tally is None:
+            self._trouble(streak, "canary_failed", measured.reason.value if measured.reason else "", detail=measured.detail,
+                          duration=round(measured.duration, 4), **where)
+        else:
+            self._over(streak, "canary_recovered", **where)
+            log.debug("canary_ok", tokens=tally.tokens, fill_ins=tally.fill_ins, draft_n=tally.draft_n,
+                      duration=round(measured.duration, 4), **where)
+        _log_changes(name, change)
+
+    def _unloaded(self, server: ServerConfig, key: str, change: Change | None) -> None:
+        _log_changes(server.name, change)
 
     def _claim(self, key: tuple[str, ...]) -> ServerConfig | None:
         """The server's config if no such probe is in flight for it; a slow server never piles up probes."""

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.state import Fleet
+from exporter.state import Fleet
 
 Samples = dict[tuple[str, tuple], float]
 

@@ -9,7 +9,7 @@ from prometheus_client.registry import Collector
 
 from exporter.daemon.exposition.catalog import FAMILIES, SERVER, Family
 from exporter.daemon.exposition.samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
-from exporter.daemon.state import Fleet
+from exporter.state import Fleet
 
 
 class _FamilySink:

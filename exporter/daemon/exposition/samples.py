@@ -9,7 +9,7 @@ from typing import Protocol
 from exporter import __version__
 from exporter.daemon.discovery import SourceStatus
 from exporter.daemon.exposition.catalog import EXPORTER, Family
-from exporter.daemon.state import CanaryState, ModelState, ServerState
+from exporter.state import CanaryState, ModelState, ServerState
 from exporter.verdict import Verdict
 
 Extra = tuple[tuple[str, str], ...]

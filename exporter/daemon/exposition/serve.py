@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encode
 from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.text import TextRenderer
-from exporter.daemon.state import Fleet
+from exporter.state import Fleet
 
 GZIP_LEVEL = 1
 """Text metrics shrink about fifteenfold even at the fastest level, which keeps a large fleet's scrape cheap."""

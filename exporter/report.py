@@ -1,0 +1,59 @@
+"""Verdicts as reports for machines and people: per model and per endpoint, from the state the runner recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.probe.canary import Tally
+from exporter.state import ModelState
+from exporter.verdict import Verdict
+
+
+@dataclass
+class EndpointReport:
+    endpoint: str
+    tokens: int | None = None
+    fill_ins: int | None = None
+    fill_in_ratio: float | None = None
+    mean_logprob: float | None = None
+    draft_n: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class ModelReport:
+    """The verdict on one model: a server's only one, or one of a router's."""
+
+    model: str
+    status: str
+    verdict: str = Verdict.UNCHECKED.value
+    summary: str = ""
+    speculation_slots: bool | None = None
+    speculation_props: bool | None = None
+    build: str | None = None
+    endpoints: list[EndpointReport] = field(default_factory=list)
+
+
+def endpoint_report(endpoint: str, tally: Tally | None, error: str | None) -> EndpointReport:
+    entry = EndpointReport(endpoint=endpoint, error=error)
+    if tally is not None:
+        entry.tokens, entry.fill_ins, entry.draft_n = tally.tokens, tally.fill_ins, tally.draft_n
+        entry.fill_in_ratio = round(tally.fill_in_ratio, 4)
+        entry.mean_logprob = None if tally.mean_logprob is None else round(tally.mean_logprob, 4)
+    return entry
+
+
+def model_report(key: str, model: ModelState) -> ModelReport:
+    """What the state says of one model; its endpoints only once a poll found it loaded and answering."""
+    poll = model.poll
+    decision = model.decision
+    report = ModelReport(model=key or (poll.props.model if poll is not None else ""), status=model.status,
+                         verdict=decision.verdict.value, summary=decision.summary)
+    if poll is not None:
+        report.speculation_props = poll.props.speculative
+        report.speculation_slots = poll.slots.speculative if poll.slots is not None else None
+        report.build = poll.props.build
+        evidence = model.evidence()
+        report.endpoints = [endpoint_report(e.endpoint, e.tally, e.failure) for e in evidence.endpoints
+                            if e.tally is not None or e.failure is not None]
+    return report

@@ -1,0 +1,145 @@
+"""The one runner every probe goes through, for `run` and `check` alike: it times a probe, records it, runs the second pass."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from exporter.probe import probes
+from exporter.probe.canary import Endpoint, Tally
+from exporter.probe.fetch import Fetcher
+from exporter.reasons import ProbeFailure, Reason
+from exporter.settings import ServerConfig
+from exporter.state import Change, Fleet, ModelState
+from exporter.verdict import Verdict
+
+T = TypeVar("T")
+PASSES = 2
+"""A full round that proves nothing on a speculating model runs once more: n-gram speculation learns from the first
+pass (it has seen the canary text) and drafts on the second."""
+
+
+@dataclass(frozen=True)
+class Measured(Generic[T]):
+    """One probe's outcome: its result, or the closed-set reason it failed, and how long it took."""
+
+    result: T | None
+    reason: Reason | None
+    detail: str
+    duration: float
+
+
+async def measure(
+    run: Callable[[], Awaitable[T]], timeout: float, monotonic: Callable[[], float] = time.monotonic
+) -> Measured[T]:
+    """Run one probe under `timeout`; every way it can end becomes a result or a reason, never an exception."""
+    started = monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            result = await run()
+        return Measured(result, None, "", monotonic() - started)
+    except ProbeFailure as failure:
+        return Measured(None, failure.reason, failure.detail, monotonic() - started)
+    except TimeoutError:
+        return Measured(None, Reason.TIMEOUT, f"no answer within {timeout:g}s", monotonic() - started)
+    except Exception as err:  # noqa: BLE001 - one server's surprise must never stop the others
+        return Measured(None, Reason.INTERNAL, f"{err.__class__.__name__}: {str(err)[:200]}", monotonic() - started)
+
+
+class Policy(Protocol):
+    """How hard to probe: the daemon's Settings are one, `specwatch check` has its own."""
+
+    @property
+    def canary_tokens(self) -> int: ...
+    @property
+    def canary_tokens_speculating(self) -> int: ...
+    def timeout_for(self, server: ServerConfig, *, canary: bool) -> float: ...
+
+
+def canary_tokens(policy: Policy, model: ModelState | None) -> int:
+    """The canary's size: larger where speculation may be on (n-gram types draft only in longer answers)."""
+    return policy.canary_tokens_speculating if model is None or model.suspect else policy.canary_tokens
+
+
+class Runner:
+    """Polls and canaries servers of one Fleet, and records every outcome in it; subclasses add limits and logging."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        fetcher: Fetcher,
+        policy: Policy,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.fleet = fleet
+        self.fetcher = fetcher
+        self.policy = policy
+        self._clock = clock
+        self._monotonic = monotonic
+
+    def _gate(self, *, canary: bool) -> contextlib.AbstractAsyncContextManager[object]:
+        """Held while a probe runs: the daemon bounds how many are in flight."""
+        return contextlib.nullcontext()
+
+    async def _measure(self, run: Callable[[], Awaitable[T]], timeout: float, *, canary: bool = False) -> Measured[T]:
+        async with self._gate(canary=canary):
+            return await measure(run, timeout, self._monotonic)
+
+    def _polled(self, server: ServerConfig, measured: Measured[object], change: Change | None) -> None:
+        """After a poll was recorded."""
+
+    def _canaried(self, server: ServerConfig, key: str, endpoint: Endpoint, measured: Measured[Tally],
+                  change: Change | None) -> None:
+        """After a canary was recorded."""
+
+    def _unloaded(self, server: ServerConfig, key: str, change: Change | None) -> None:
+        """After a router answered a canary that the model is not loaded."""
+
+    async def poll_once(self, server: ServerConfig) -> Measured[probes.ServerPoll]:
+        """Poll `server` and record what it answered."""
+        timeout = self.policy.timeout_for(server, canary=False)
+        measured = await self._measure(lambda: probes.poll(self.fetcher, server, timeout=timeout), timeout)
+        change = self.fleet.record_poll(server.name, result=measured.result, reason=measured.reason, detail=measured.detail,
+                                        duration=measured.duration, now=self._clock())
+        self._polled(server, measured, change)
+        return measured
+
+    async def round(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint], *, full: bool) -> None:
+        """Canary `endpoints` of one model; a full round that leaves a speculating model unproven runs again."""
+        self.fleet.start_round(server.name, key, full=full, now=self._clock())
+        for _ in range(PASSES if full else 1):
+            if not await self._canary_pass(server, key, endpoints):
+                return
+            state = self.fleet.get(server.name)
+            model = state.models.get(key) if state is not None else None
+            if model is None or model.decision.verdict is not Verdict.UNPROVEN:
+                return
+
+    async def _canary_pass(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint]) -> bool:
+        """Canary each endpoint in turn; False when the model turned out not to be loaded."""
+        state = self.fleet.get(server.name)
+        tokens = canary_tokens(self.policy, state.models.get(key) if state is not None else None)
+        timeout = self.policy.timeout_for(server, canary=True)
+        for endpoint in endpoints:
+            measured = await self._measure(
+                lambda endpoint=endpoint: probes.canary(self.fetcher, server, endpoint, tokens=tokens, timeout=timeout,
+                                                        model=key or None),
+                timeout,
+                canary=True,
+            )
+            if measured.reason is Reason.NOT_LOADED:
+                # The router unloaded it since the poll: a state of the model, not a failure of the canary.
+                self._unloaded(server, key, self.fleet.record_unloaded(server.name, key))
+                return False
+            change = self.fleet.record_canary(
+                server.name, key, endpoint, tally=measured.result, reason=measured.reason, detail=measured.detail,
+                duration=measured.duration, now=self._clock(), requested=tokens,
+            )
+            self._canaried(server, key, endpoint, measured, change)
+        return True
