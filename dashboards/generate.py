@@ -7,6 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+# The rules generator owns the names both read (recording rules, alert prefix, llama-server job); a script run as
+# `python dashboards/generate.py` has only dashboards/ on its path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from grafana_foundation_sdk.builders import common as common_builder
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, table, timeseries
@@ -14,6 +18,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from alerts.generate import ALERT_PREFIX, LLAMA_SERVER_JOB, Recorded
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -152,8 +158,8 @@ def model_variable() -> dash.QueryVariable:
 
 def llama_job_variable() -> dash.CustomVariable:
     """The scrape job of llama-server's own /metrics (through specwatch's /sd), for the drafted-token panels."""
-    return (dash.CustomVariable("llama_job").label("llama-server job").values("llama-server")
-            .current(model.VariableOption(selected=True, text="llama-server", value="llama-server")))
+    return (dash.CustomVariable("llama_job").label("llama-server job").values(LLAMA_SERVER_JOB)
+            .current(model.VariableOption(selected=True, text=LLAMA_SERVER_JOB, value=LLAMA_SERVER_JOB)))
 
 
 def base(uid: str, title: str, description: str) -> dash.Dashboard:
@@ -180,19 +186,19 @@ def fleet() -> model.Dashboard:
         ("clean", "green", "Servers whose every canary token carries its alternatives."),
     ):
         board = board.with_panel(big_number(
-            f"Verdict {verdict}", f'sum(job_verdict:specwatch_verdict:sum{{job=~"$job", verdict="{verdict}"}}) or vector(0)',
+            f"Verdict {verdict}", f'sum({Recorded.VERDICTS}{{job=~"$job", verdict="{verdict}"}}) or vector(0)',
             description, width=6,
             thresholds=steps((None, "green")) if verdict == "clean" else steps((None, "green"), (1, color))))
     board = board.with_panel(big_number(
-        "Servers serving fill-ins", 'sum(job:specwatch_serving_placeholders:sum{job=~"$job"})',
+        "Servers serving fill-ins", f'sum({Recorded.SERVING_FILL_INS}{{job=~"$job"}})',
         "Servers whose last successful canary found fill-in logprobs (pages as SpecwatchServingFillInLogprobs).",
         thresholds=steps((None, "green"), (1, "red"))))
     board = board.with_panel(big_number(
-        "Share of servers serving fill-ins", 'max(job:specwatch_serving_placeholders:avg{job=~"$job"})',
+        "Share of servers serving fill-ins", f'max({Recorded.SERVING_FILL_INS_SHARE}{{job=~"$job"}})',
         "Of the servers with a canary verdict, the share that serves fill-ins.", unit="percentunit",
         thresholds=steps((None, "green"), (0.000001, "red"))))
     board = board.with_panel(big_number(
-        "Fill-in fraction, worst endpoint", 'max(job_endpoint:specwatch_canary_placeholder_tokens:ratio{job=~"$job"})',
+        "Fill-in fraction, worst endpoint", f'max({Recorded.FILL_IN_TOKEN_RATIO}{{job=~"$job"}})',
         "Fill-in tokens among all canary tokens across the fleet, on the endpoint where it is highest.",
         unit="percentunit", thresholds=steps((None, "green"), (0.000001, "red"))))
     board = board.with_panel(big_number(
@@ -207,7 +213,7 @@ def fleet() -> model.Dashboard:
         "Server and endpoint pairs whose last canary failed: specwatch cannot vouch for them.",
         thresholds=steps((None, "green"), (1, "orange")), width=3))
     board = board.with_panel(big_number(
-        "Canary tokens per hour", 'sum(job:specwatch_canary_generated_tokens:rate1h{job=~"$job"}) or vector(0)',
+        "Canary tokens per hour", f'sum({Recorded.CANARY_TOKENS_PER_HOUR}{{job=~"$job"}}) or vector(0)',
         "Tokens the canaries made the watched servers generate over the last hour: the price of watching "
         "(about 480 per steady server-hour at the defaults; more while servers change or speculate).",
         thresholds=steps((None, "blue")), width=3))
@@ -269,7 +275,7 @@ def fleet() -> model.Dashboard:
     board = board.with_panel(graph(
         "Fleet fill-in fraction per endpoint",
         "Fill-in tokens among all canary tokens of the fleet (recording rule).",
-        query('job_endpoint:specwatch_canary_placeholder_tokens:ratio{job=~"$job"}', "{{job}} {{endpoint}}"),
+        query(f'{Recorded.FILL_IN_TOKEN_RATIO}{{job=~"$job"}}', "{{job}} {{endpoint}}"),
         unit="percentunit", min_value=0, max_value=1))
     board = board.with_panel(graph(
         "Draft tokens per canary",
@@ -332,7 +338,7 @@ def fleet() -> model.Dashboard:
         "Drafted share of generated tokens (llama-server)",
         "From each server's own /metrics (job $llama_job, scraped through specwatch's /sd): the share of generated "
         "tokens that were drafted, i.e. whose logprobs are fill-ins whenever a client asks for logprobs.",
-        query(f"max by (server, model) (server_model:llamacpp_drafted_tokens:ratio_rate5m{{{LLAMA_MATCH}}})",
+        query(f"max by (server, model) ({Recorded.DRAFTED_SHARE}{{{LLAMA_MATCH}}})",
               "{{server}} {{model}}"),
         unit="percentunit", min_value=0, max_value=1))
 
@@ -352,7 +358,7 @@ def fleet() -> model.Dashboard:
     board = board.with_panel(merged_table(
         "Firing specwatch alerts", "Alerts from alerts/specwatch.rules.yml that fire now.",
         {"firing": 'max by (alertname, severity, job, server) '
-                   '(ALERTS{alertname=~"Specwatch.*", alertstate="firing", job=~"$job"})'},
+                   f'(ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertstate="firing", job=~"$job"}})'},
         height=6))
     return board.build()
 
@@ -432,8 +438,8 @@ def server() -> model.Dashboard:
         "Drafted tokens (llama-server)",
         "From the server's own /metrics (job $llama_job, through specwatch's /sd): drafted tokens per second and their "
         "share of the generated ones.",
-        query(f"max by (model) (server_model:llamacpp_drafted_tokens:rate5m{{{LLAMA_MATCH}}})", "drafted/s {{model}}"),
-        query(f"max by (model) (server_model:llamacpp_drafted_tokens:ratio_rate5m{{{LLAMA_MATCH}}})", "share {{model}}",
+        query(f"max by (model) ({Recorded.DRAFTED_RATE}{{{LLAMA_MATCH}}})", "drafted/s {{model}}"),
+        query(f"max by (model) ({Recorded.DRAFTED_SHARE}{{{LLAMA_MATCH}}})", "share {{model}}",
               ref="B"),
         min_value=0))
 

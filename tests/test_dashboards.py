@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +14,19 @@ import yaml
 from tests.support.chain import DASHBOARDS, dashboard_queries, dashboards, panels, substitute
 
 EXPECTED = {"specwatch-fleet.json": "specwatch-fleet", "specwatch-server.json": "specwatch-server"}
+README = Path(__file__).resolve().parents[1] / "README.md"
+# The Grafana release that has each thing the dashboards use, from Grafana's changelog: table cell options came in 9.4.0
+# (the cellOptions refactor, grafana#59363); the others are older, and where their exact release is not pinned down
+# the newest it can be is given. The README's minimum is the newest of them.
+GRAFANA_SINCE = {
+    "schemaVersion 36": (9, 0),
+    "panel row": (5, 0), "panel stat": (7, 0), "panel table": (7, 0), "panel timeseries": (8, 0),
+    "panel state-timeline": (8, 0),
+    "field custom.cellOptions": (9, 4), "field mappings": (8, 0), "field unit": (7, 0),
+    "field custom.fillOpacity": (8, 0), "field custom.lineWidth": (8, 0), "field custom.showPoints": (8, 0),
+    "transformation merge": (8, 0), "transformation organize": (7, 0),
+    "legend __auto": (9, 0),
+}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -81,6 +96,32 @@ def test_the_fleet_view_answers_which_servers_since_when_and_how_bad() -> None:
     for needed in ("Placeholder ratio per endpoint", "Mean logprob per endpoint", "Canary success per endpoint",
                    "Canary latency per endpoint", "Speculation, /slots vs /props"):
         assert needed in titles
+
+
+def grafana_features(board: dict) -> set[str]:
+    found = {f"schemaVersion {board['schemaVersion']}"}
+    for panel in panels(board):
+        found.add(f"panel {panel['type']}")
+        config = panel.get("fieldConfig") or {}
+        found.update(f"field custom.{key}" for key in config.get("defaults", {}).get("custom", {}))
+        found.update(f"field {prop['id']}" for override in config.get("overrides", []) for prop in override["properties"])
+        found.update(f"transformation {step['id']}" for step in panel.get("transformations", []))
+        found.update("legend __auto" for target in panel.get("targets", []) if target.get("legendFormat") == "__auto")
+    return found
+
+
+def test_the_readme_names_the_oldest_grafana_that_has_everything_the_dashboards_use() -> None:
+    used = set().union(*(grafana_features(board) for board in dashboards().values()))
+    unknown = used - set(GRAFANA_SINCE)
+    assert not unknown, f"add these to GRAFANA_SINCE with the Grafana release that brought them: {sorted(unknown)}"
+    major, minor = max(GRAFANA_SINCE[feature] for feature in used)
+    assert re.search(rf"need Grafana {major}\.{minor} or later", README.read_text()), "the README states another minimum"
+
+
+def test_the_grafana_check_sees_a_newer_feature() -> None:
+    board = {"schemaVersion": 39, "panels": [{"type": "xychart", "targets": [], "fieldConfig": {"defaults": {}, "overrides": [
+        {"matcher": {"id": "byName", "options": "x"}, "properties": [{"id": "custom.cellOptions", "value": {}}]}]}}]}
+    assert grafana_features(board) - set(GRAFANA_SINCE) == {"schemaVersion 39", "panel xychart"}
 
 
 def test_every_query_is_valid_promql(tmp_path) -> None:

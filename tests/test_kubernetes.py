@@ -293,14 +293,45 @@ def test_the_committed_prometheus_rule_is_what_the_generator_writes() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_the_generator_check_notices_a_changed_rules_file(tmp_path: Path) -> None:
-    rules = tmp_path / "rules.yml"
-    rules.write_text(RULES.read_text().replace("for: 15m", "for: 20m", 1))
-    result = generate("--check", "--rules", str(rules))
-    assert result.returncode == 1 and "out of date" in result.stderr
+def test_the_generator_check_notices_a_hand_edit(tmp_path: Path) -> None:
+    edited = tmp_path / "prometheusrule.yaml"
+    edited.write_text((DEPLOY / "base" / "prometheusrule.yaml").read_text().replace("for: 15m", "for: 20m", 1))
+    result = generate("--check", "--out", str(edited))
+    assert result.returncode == 1
+    assert "out of date" in result.stderr and "python deploy/kubernetes/generate.py" in result.stderr
+
+
+def test_the_generator_refuses_a_bad_config_like_the_rules_generator(tmp_path: Path) -> None:
     out = tmp_path / "prometheusrule.yaml"
-    assert generate("--rules", str(rules), "--out", str(out)).returncode == 0
-    assert yaml.safe_load(out.read_text())["spec"]["groups"] == yaml.safe_load(rules.read_text())["groups"]
+    result = generate("--runbook-base-url", "docs/runbooks.md", "--out", str(out))
+    assert result.returncode == 2 and "give the http(s) address" in result.stderr and not out.exists()
+
+
+@pytest.mark.real
+def test_an_overlay_points_the_rules_at_a_teams_runbooks_and_job(tmp_path: Path) -> None:
+    """README's recipe: write the PrometheusRule with the team's flags and patch it over the base's."""
+    team_url, selector = "https://wiki.example.org/specwatch/runbooks", 'job="llm-watch", namespace="monitoring"'
+    flags = ("--runbook-base-url", team_url, "--job-selector", selector)
+    assert generate(*flags, "--out", str(tmp_path / "prometheusrule.yaml")).returncode == 0
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY / "ha", tmp_path)],
+        "patches": [{"path": "prometheusrule.yaml"}],
+    }))
+    rule = one(kustomize(tmp_path), "PrometheusRule")
+    rules = subprocess.run([sys.executable, str(REPO / "alerts" / "generate.py"), *flags, "--out", str(tmp_path / "r.yml")],
+                           capture_output=True, text=True, timeout=60)
+    assert rules.returncode == 0, rules.stderr
+    assert rule["spec"] == {"groups": yaml.safe_load((tmp_path / "r.yml").read_text())["groups"]}
+    text = yaml.safe_dump(rule)
+    assert "github.com/specwatch" not in text and 'job="specwatch"' not in text
+    urls = [item["annotations"]["runbook_url"] for group in rule["spec"]["groups"] for item in group["rules"] if "alert" in item]
+    assert len(urls) >= 12 and all(url.startswith(f"{team_url}#") for url in urls)
+    (tmp_path / "spec.yml").write_text(yaml.safe_dump(rule["spec"]))
+    checked = subprocess.run(["promtool", "check", "rules", str(tmp_path / "spec.yml")], capture_output=True, text=True,
+                             timeout=60)
+    assert checked.returncode == 0 and "WARNING" not in checked.stdout + checked.stderr, checked.stdout + checked.stderr
 
 
 # --- labels and HA --------------------------------------------------------------------------------------------------

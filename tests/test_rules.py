@@ -1,4 +1,4 @@
-"""The alert and recording rules: promtool's checks and unit tests, annotations, runbook links, and metric names."""
+"""The alert and recording rules: their generator, promtool's checks and unit tests, annotations, runbooks, metric names."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import re
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -13,18 +14,21 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts.generate import ConfigError, Recorded, RulesConfig
 from exporter.daemon.discovery import SourceStatus
 from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from tests.support.chain import (
     ALERTS,
     EXAMPLES,
+    RULES,
     RUNBOOK_BASE,
     alert_rules,
     dashboard_queries,
     metric_names,
     recording_rules,
     rule_files,
+    rule_groups,
     runbook_anchors,
 )
 from tests.support.wire import FakeLlama, FakeRouter
@@ -39,8 +43,146 @@ EXPORTER_LEVEL = frozenset({"up", "specwatch_config_last_reload_successful", "sp
 FLEET_LEVEL = frozenset({"SpecwatchFleetUnwatched", "SpecwatchNoServers"})
 
 
-def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60, cwd=ALERTS)
+# A team's own config: another scrape job, replicas told apart by a `replica` label, runbooks on its own wiki.
+TEAM_URL = "https://runbooks.example.org/specwatch.html"
+TEAM = ("--job-selector", 'job="llm-watch"', "--aggregate-away", "instance,replica", "--runbook-base-url", TEAM_URL)
+WITHOUT = re.compile(r"without \(([^)]*)\)")
+
+
+def promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def generate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ALERTS / "generate.py"), *args], capture_output=True, text=True, timeout=60)
+
+
+# --- the generator ---------------------------------------------------------------------------------------------------
+
+
+def test_the_committed_rules_are_what_the_generator_writes(tmp_path: Path) -> None:
+    out = tmp_path / "specwatch.rules.yml"
+    result = generate("--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes() == RULES.read_bytes(), "alerts/specwatch.rules.yml is not the generator's: run python alerts/generate.py"
+    assert generate("--check").returncode == 0
+
+
+def test_the_check_notices_a_hand_edit(tmp_path: Path) -> None:
+    edited = tmp_path / "specwatch.rules.yml"
+    edited.write_text(RULES.read_text().replace("for: 15m", "for: 20m", 1))
+    result = generate("--check", "--out", str(edited))
+    assert result.returncode == 1
+    assert "out of date" in result.stderr and "python alerts/generate.py" in result.stderr
+
+
+def test_every_per_server_rule_drops_the_replica_labels_and_only_those() -> None:
+    clauses = [set(map(str.strip, labels.split(","))) for rule in alert_rules() + recording_rules()
+               for labels in WITHOUT.findall(rule["expr"])]
+    assert len(clauses) >= 14
+    # Besides the replicas' labels, a rule may drop the one label it folds: the verdict state, or the endpoint.
+    assert all(clause - {"verdict", "endpoint"} == {"instance", "pod"} for clause in clauses), clauses
+
+
+def test_the_recording_rules_the_dashboards_read_are_the_ones_defined() -> None:
+    names = {value for key, value in vars(Recorded).items() if not key.startswith("_")}
+    assert names == {rule["record"] for rule in recording_rules()}
+
+
+@pytest.fixture(scope="module")
+def team_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("team") / "specwatch.rules.yml"
+    result = generate(*TEAM, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_teams_config_changes_the_job_labels_and_runbooks_and_nothing_else(team_rules: Path) -> None:
+    text = team_rules.read_text()
+    for default in ('job="specwatch"', RUNBOOK_BASE.rstrip("#")):
+        assert default not in text, f"the default {default} leaked into a team's rules"
+    assert not re.search(r"\bpod\b", text), "the default label pod leaked into a team's rules"
+    for alert in alert_rules(team_rules):
+        assert alert["annotations"]["runbook_url"] == f"{TEAM_URL}#{alert['alert'].lower()}"
+    assert 'absent(up{job="llm-watch"} == 1)' in text and 'up{job="llm-watch"} == 0' in text
+    # Put the defaults back where the config went: what is left is the committed rules, value for value.
+    back = text.replace('job="llm-watch"', 'job="specwatch"').replace(TEAM_URL, RUNBOOK_BASE.rstrip("#"))
+    back = WITHOUT.sub(lambda match: match.group().replace("replica", "pod"), back)
+    assert yaml.safe_load(back)["groups"] == rule_groups()
+
+
+def relabelled_unit_tests() -> str:
+    """The promtool unit tests with the team's job name, replica label and runbooks, as its own series would carry them."""
+    text = (ALERTS / "specwatch.rules.test.yml").read_text()
+    for old, new in (('job="specwatch"', 'job="llm-watch"'), ("job: specwatch", "job: llm-watch"),
+                     ("job specwatch", "job llm-watch"), ("server of specwatch or", "server of llm-watch or"),
+                     ("specwatch (specwatch)", "specwatch (llm-watch)"), ('pod="', 'replica="'),
+                     (RUNBOOK_BASE.rstrip("#"), TEAM_URL)):
+        assert old in text, f"the unit tests no longer hold {old!r}: update relabelled_unit_tests"
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.mark.real
+def test_a_teams_rules_pass_promtool_and_the_unit_tests_relabelled(team_rules: Path, tmp_path: Path) -> None:
+    (tmp_path / "specwatch.rules.yml").write_text(team_rules.read_text())
+    (tmp_path / "specwatch.rules.test.yml").write_text(relabelled_unit_tests())
+    checked = promtool("check", "rules", "specwatch.rules.yml", cwd=tmp_path)
+    assert checked.returncode == 0 and "WARNING" not in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    tested = promtool("test", "rules", "specwatch.rules.test.yml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    # The default rules fail those tests: the two replicas page twice, and the team's exporters are never seen down.
+    (tmp_path / "specwatch.rules.yml").write_text(RULES.read_text())
+    failed = promtool("test", "rules", "specwatch.rules.test.yml", cwd=tmp_path)
+    assert failed.returncode != 0
+    assert "SpecwatchExporterDown" in failed.stdout + failed.stderr and "replica=" in failed.stdout + failed.stderr
+
+
+def test_a_bad_config_is_refused_with_every_problem_and_nothing_written(tmp_path: Path) -> None:
+    out = tmp_path / "rules.yml"
+    result = generate("--job-selector", '{job="x"}', "--aggregate-away", "instance,server", "--runbook-base-url",
+                      "https://wiki.example/r#top", "--out", str(out))
+    assert result.returncode == 2 and not out.exists()
+    for problem in ("without the braces", "'server': the rules group and match by it", "leave out the #fragment"):
+        assert problem in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("config", "problem"), [
+    ({"job_selector": 'job="specwatch", namespace=~"mon.*"'}, None),
+    ({"job_selector": 'job!~"a|b",'}, None),
+    ({"job_selector": 'job="a\\"b"'}, None),
+    ({"job_selector": ""}, "--job-selector '': give label matchers"),
+    ({"job_selector": "job=specwatch"}, "each value in double quotes"),
+    ({"job_selector": 'job="specwatch"\n'}, "give label matchers"),
+    ({"job_selector": 'job="specwatch"} or vector(1'}, "give label matchers"),
+    ({"aggregate_away": ("instance",)}, None),
+    ({"aggregate_away": ()}, "name at least the label replicas differ in"),
+    ({"aggregate_away": ("instance", "model")}, "'model': the rules group and match by it"),
+    ({"aggregate_away": ("instance", "pod-name")}, "'pod-name': not a label name"),
+    ({"aggregate_away": ("instance", "__address__")}, "'__address__': not a label name"),
+    ({"aggregate_away": ("pod", "pod")}, "a label is named twice"),
+    ({"runbook_base_url": "http://wiki.internal:8080/specwatch/runbooks"}, None),
+    ({"runbook_base_url": "wiki.internal/runbooks"}, "give the http(s) address"),
+    ({"runbook_base_url": "ftp://wiki.internal/runbooks"}, "give the http(s) address"),
+    ({"runbook_base_url": "https://wiki.internal/run books"}, "give the http(s) address"),
+    ({"runbook_base_url": "https://wiki.internal/runbooks#"}, "leave out the #fragment"),
+])
+def test_the_config_is_checked(config: dict, problem: str | None) -> None:
+    if problem is None:
+        assert RulesConfig(**config)
+        return
+    with pytest.raises(ConfigError) as raised:
+        RulesConfig(**config)
+    assert problem in str(raised.value)
+
+
+def test_every_problem_of_a_config_is_told_at_once() -> None:
+    with pytest.raises(ConfigError) as raised:
+        RulesConfig("job", ("server",), "docs/runbooks.md")
+    assert len(str(raised.value).splitlines()) == 3
+
+
+# --- the rules -------------------------------------------------------------------------------------------------------
 
 
 def test_there_are_rule_files_each_with_a_test_file() -> None:

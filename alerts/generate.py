@@ -1,0 +1,514 @@
+"""Write specwatch's Prometheus rules, alerts/specwatch.rules.yml, from one config: job selector, replica labels, runbooks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+TARGET = HERE / "specwatch.rules.yml"
+WIDTH = 120
+
+# Where docs/runbooks.md is published; each alert links to its section, whose GitHub anchor is its name in lower case.
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/specwatch/specwatch/blob/main/docs/runbooks.md"
+# specwatch's own scrape targets, for the alerts about targets that are down (examples/prometheus.yml, the ServiceMonitor).
+DEFAULT_JOB_SELECTOR = 'job="specwatch"'
+# The target labels in which replicas watching the same servers differ (docs/sharding.md): per-server rules drop them.
+DEFAULT_AGGREGATE_AWAY = ("instance", "pod")
+# The scrape job of llama-server's own /metrics in examples/prometheus.yml, read by the dashboards' llama_job variable.
+LLAMA_SERVER_JOB = "llama-server"
+# Every alert's name starts with it; the dashboards list the firing ones by it.
+ALERT_PREFIX = "Specwatch"
+
+
+class Recorded:
+    """The recording rules' names: the rules below define them, the dashboards read them."""
+
+    VERDICTS = "job_verdict:specwatch_verdict:sum"
+    SERVING_FILL_INS = "job:specwatch_serving_placeholders:sum"
+    SERVING_FILL_INS_SHARE = "job:specwatch_serving_placeholders:avg"
+    FILL_IN_TOKEN_RATIO = "job_endpoint:specwatch_canary_placeholder_tokens:ratio"
+    CANARY_TOKENS_PER_HOUR = "job:specwatch_canary_generated_tokens:rate1h"
+    DRAFTED_RATE = "server_model:llamacpp_drafted_tokens:rate5m"
+    GENERATED_RATE = "server_model:llamacpp_generated_tokens:rate5m"
+    DRAFTED_SHARE = "server_model:llamacpp_drafted_tokens:ratio_rate5m"
+
+
+# Labels the rules group and match by: aggregating one of them away would merge what the alerts tell apart.
+KEPT_LABELS = frozenset({"job", "server", "model", "endpoint", "verdict"})
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_MATCHER = r'[ ]*[a-zA-Z_][a-zA-Z0-9_]*[ ]*(?:=~|!~|!=|=)[ ]*"(?:[^"\\\n]|\\[^\n])*"[ ]*'
+_SELECTOR = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?[ ]*")
+
+
+class ConfigError(ValueError):
+    """Every problem of a rules config, one per line."""
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    job_selector: str = DEFAULT_JOB_SELECTOR
+    aggregate_away: tuple[str, ...] = DEFAULT_AGGREGATE_AWAY
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
+
+    def __post_init__(self) -> None:
+        problems = [*_selector_problems(self.job_selector), *_label_problems(self.aggregate_away),
+                    *_url_problems(self.runbook_base_url)]
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+    def without(self, *more: str) -> str:
+        """The grouping clause of a per-server rule: one series per server, however many replicas watch it."""
+        return f"without ({', '.join(sorted({*self.aggregate_away, *more}))})"
+
+    def runbook(self, alert: str) -> str:
+        return f"{self.runbook_base_url}#{alert.lower()}"
+
+    def flags(self) -> list[str]:
+        """The command-line flags that give this config (none for the defaults)."""
+        given = []
+        if self.job_selector != DEFAULT_JOB_SELECTOR:
+            given += ["--job-selector", self.job_selector]
+        if self.aggregate_away != DEFAULT_AGGREGATE_AWAY:
+            given += ["--aggregate-away", ",".join(self.aggregate_away)]
+        if self.runbook_base_url != DEFAULT_RUNBOOK_BASE_URL:
+            given += ["--runbook-base-url", self.runbook_base_url]
+        return given
+
+
+def _selector_problems(selector: str) -> list[str]:
+    if _SELECTOR.fullmatch(selector):
+        return []
+    hint = " (without the braces)" if selector.strip().startswith("{") else ""
+    return [f"--job-selector {selector!r}: give label matchers{hint} such as job=\"specwatch\" or "
+            'job=~"specwatch|specwatch-b", each value in double quotes']
+
+
+def _label_problems(labels: tuple[str, ...]) -> list[str]:
+    if not labels:
+        return ["--aggregate-away: name at least the label replicas differ in (instance, the target's address)"]
+    problems = []
+    for label in labels:
+        if not _LABEL.fullmatch(label) or label.startswith("__"):
+            problems.append(f"--aggregate-away {label!r}: not a label name (letters, digits and _, not starting with __)")
+        elif label in KEPT_LABELS:
+            problems.append(f"--aggregate-away {label!r}: the rules group and match by it, so it must stay "
+                            f"(kept: {', '.join(sorted(KEPT_LABELS))})")
+    if len(set(labels)) != len(labels):
+        problems.append(f"--aggregate-away {','.join(labels)!r}: a label is named twice")
+    return problems
+
+
+def _url_problems(url: str) -> list[str]:
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.netloc or any(c.isspace() or c in "\"'<>" for c in url):
+        return [f"--runbook-base-url {url!r}: give the http(s) address of your copy of docs/runbooks.md"]
+    if "#" in url:
+        return [f"--runbook-base-url {url!r}: leave out the #fragment: each alert's anchor (its name in lower case) is added"]
+    return []
+
+
+# --- the rules ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    expr: str
+    note: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    note: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_: str | None = None
+    keep_firing_for: str | None = None
+
+
+def recording(c: RulesConfig) -> list[Record]:
+    return [
+        Record(Recorded.VERDICTS, f"sum by (job, verdict) (max {c.without()} (specwatch_verdict))",
+               "Servers (router models count one each) per verdict (clean, fill_ins, unproven, unchecked), per scrape job."),
+        Record(Recorded.SERVING_FILL_INS, f"sum by (job) (max {c.without()} (specwatch_serving_placeholders))",
+               "Servers whose last successful canary found fill-in logprobs, per scrape job (0 when none)."),
+        Record(Recorded.SERVING_FILL_INS_SHARE, f"avg by (job) (max {c.without()} (specwatch_serving_placeholders))",
+               "Share of the servers with a canary verdict that serve fill-ins (0 to 1)."),
+        Record(Recorded.FILL_IN_TOKEN_RATIO,
+               f"sum by (job, endpoint) (max {c.without()} (specwatch_canary_placeholder_tokens))\n"
+               "  /\n"
+               f"sum by (job, endpoint) (max {c.without()} (specwatch_canary_tokens))",
+               "Fleet-wide fill-in fraction: fill-in tokens among all canary tokens, per endpoint."),
+        Record(Recorded.CANARY_TOKENS_PER_HOUR, "sum by (job) (rate(specwatch_canary_generated_tokens_total[1h])) * 3600",
+               "What watching costs: canary tokens the servers generated per hour, fleet-wide (all replicas count: each asks)."),
+    ]
+
+
+def llama_server(c: RulesConfig) -> list[Record]:
+    return [
+        Record(Recorded.DRAFTED_RATE,
+               'sum by (job, server, model) (rate({__name__="llamacpp:spec_decode_num_accepted_tokens_total"}[5m]))',
+               f"llama-server's own counters (scraped with --metrics through the /sd targets specwatch serves, job "
+               f'"{LLAMA_SERVER_JOB}" in examples/prometheus.yml): the tokens a server drafted, i.e. generated through its '
+               "speculative path. Their logprobs are fill-ins whenever a client asks for logprobs."),
+        Record(Recorded.GENERATED_RATE, 'sum by (job, server, model) (rate({__name__="llamacpp:tokens_predicted_total"}[5m]))',
+               ""),
+        Record(Recorded.DRAFTED_SHARE, f"{Recorded.DRAFTED_RATE}\n  /\n({Recorded.GENERATED_RATE} > 0)",
+               "Share of the generated tokens that were drafted (0 to 1); absent while a server generates nothing."),
+    ]
+
+
+# Router models the router has not loaded are never probed, so no alert about probing them fires.
+def _loaded(c: RulesConfig) -> str:
+    return f"unless on (job, server, model) max {c.without()} (specwatch_model_loaded) == 0"
+
+
+_MODEL = "{{ with $labels.model }} (model {{ . }}){{ end }}"
+
+
+def alerts(c: RulesConfig) -> list[Alert]:
+    up = f"up{{{c.job_selector}}}"
+    return [
+        Alert(
+            "SpecwatchServingFillInLogprobs",
+            "The verdict rests on a canary's answer, proof rather than a noisy sample, so it pages at once (no `for:`) and "
+            "on any replica's proof. keep_firing_for bridges missed scrapes, exporter restarts and canaries that draft only "
+            "sometimes (n-gram speculation), so one incident is one page, not a string of fire/resolve pairs.",
+            f'max {c.without("verdict")} (specwatch_verdict{{verdict="fill_ins"}}) == 1',
+            "critical",
+            "llama-server {{ $labels.server }} serves fill-in logprobs",
+            f"specwatch's canary on {{{{ $labels.server }}}}{_MODEL} got fill-in logprobs: tokens after the first with "
+            "logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding. Every eval reading logprobs "
+            "from this server now scores placeholders. Stop scoring against it, restart it without speculative decoding "
+            "(drop -md/--model-draft and --spec-type), and re-run the evals it served.",
+            keep_firing_for="5m",
+        ),
+        Alert(
+            "SpecwatchFleetUnwatched",
+            "The guard of the page above: servers in specwatch's config (static and discovered) that no replica watches, "
+            "because replicas are down or missing, or no specwatch target is up at all. Fill-ins there would never page, "
+            "so this pages too. One replica down while its twin watches the same shard is only a ticket "
+            "(SpecwatchExporterDown).",
+            "(\n"
+            "  max by (job) (specwatch_configured_servers)\n"
+            "    - on (job)\n"
+            "  count by (job) (count by (job, server) (specwatch_verdict))\n"
+            ") > 0\n"
+            "or on (job)\n"
+            "(max by (job) (specwatch_configured_servers) > 0 unless on (job) count by (job) (specwatch_verdict))\n"
+            "or\n"
+            f"absent({up} == 1)",
+            "critical",
+            'specwatch watches no server of {{ or $labels.job "its job" }} or misses some',
+            "{{ if $labels.job }}{{ $value }} of the servers in specwatch's config (job {{ $labels.job }}) are watched by "
+            "no specwatch replica{{ else }}No specwatch target is up{{ end }}, so fill-in logprobs on them would not page. "
+            "Bring the missing replicas back (kubectl get pods / systemctl status specwatch@*), or fix the scrape config. "
+            "While this fires, nothing else about those servers can fire.",
+            for_="5m",
+        ),
+        Alert(
+            "SpecwatchLogprobsUnproven",
+            "The server speculates and no canary drafted: its logprobs are not proven real. A ticket: an eval harness "
+            "running `specwatch check` refuses it already; n-gram speculation may start drafting later.",
+            f'min {c.without("verdict")} (specwatch_verdict{{verdict="unproven"}}) == 1',
+            "warning",
+            "llama-server {{ $labels.server }} speculates but its logprobs are not proven real",
+            f"{{{{ $labels.server }}}}{_MODEL} reports speculative decoding on, but no canary made it draft, so specwatch "
+            "cannot tell whether its logprobs are real. `specwatch check` exits 1 for it. Remove speculative decoding from "
+            "the server, or accept it stays out of logprob evals.",
+            for_="15m",
+        ),
+        Alert(
+            "SpecwatchVerdictUnchecked",
+            'The catch-all of "could not check": whatever keeps the verdict unknown (no canary has ever run, an endpoint '
+            "never answered) files a ticket, so specwatch never silently stops watching a server. The more specific "
+            "tickets (ServerDown, CanaryStale, CanaryFailing) inhibit it in examples/alertmanager.yml.",
+            f'min {c.without("verdict")} (specwatch_verdict{{verdict="unchecked"}}) == 1\n{_loaded(c)}',
+            "warning",
+            "specwatch cannot reach a verdict on {{ $labels.server }}",
+            f"specwatch has had no verdict on the logprobs of {{{{ $labels.server }}}}{_MODEL} for 15 minutes: the server is "
+            "down, refuses specwatch, returns no logprobs, or an endpoint's canary does not succeed. Fill-in logprobs on "
+            "it would not page. The landing page of the exporter says why.",
+            for_="15m",
+        ),
+        Alert(
+            "SpecwatchSpeculationContradiction",
+            "A config audit problem, not an incident: it only needs to be stable before it files a ticket.",
+            f"max {c.without()} (specwatch_speculation_contradiction) == 1",
+            "warning",
+            "llama-server {{ $labels.server }} speculates while /props says it does not",
+            f"/slots on {{{{ $labels.server }}}}{_MODEL} reports speculative decoding on, while /props reports "
+            'speculative.types "none". Audits and dashboards that read /props are misled about this server. Check its '
+            "command line for -md/--model-draft or --spec-type, and decide whether evals may use it.",
+            for_="10m",
+        ),
+        Alert(
+            "SpecwatchCanaryStale",
+            "Two and a half canary intervals with no successful canary on any endpoint (one endpoint is canaried in turn "
+            "every interval, every two on a server given the larger speculating canary), then 2m more, so that a server "
+            "that went down pages SpecwatchServerDown (for: 2m) first and the inhibition in examples/alertmanager.yml "
+            "keeps one ticket for the cause. The exporter exposes its configured interval, so the rule follows the config.",
+            "(\n"
+            f"  time() - max {c.without('endpoint')} (specwatch_canary_last_success_timestamp_seconds)\n"
+            "    > on (job) group_left () (2.5 * max by (job) (specwatch_canary_interval_seconds))\n"
+            ")\n"
+            f"{_loaded(c)}",
+            "warning",
+            "No successful canary on {{ $labels.server }} for {{ $value | humanizeDuration }}",
+            f"The last successful canary on {{{{ $labels.server }}}}{_MODEL} finished {{{{ $value | humanizeDuration }}}} "
+            "ago, on every endpoint. specwatch is blind to fill-in logprobs on this server: its verdict is stale. Look at "
+            "specwatch_canary_failures_total for the reason.",
+            for_="2m",
+        ),
+        Alert(
+            "SpecwatchCanaryFailing",
+            "An endpoint whose last canary failed is retried every canary_interval, so five minutes is a run of failed "
+            "canaries on every replica; a single success resets it.",
+            f"max {c.without()} (specwatch_canary_success) == 0\n{_loaded(c)}",
+            "warning",
+            "Canary on {{ $labels.server }} endpoint {{ $labels.endpoint }} keeps failing",
+            "specwatch's canary request to the {{ $labels.endpoint }} endpoint of "
+            f"{{{{ $labels.server }}}}{_MODEL} has failed for 5 minutes, so fill-in logprobs on that endpoint would go "
+            'unnoticed. Look at specwatch_canary_failures_total{server="{{ $labels.server }}"} for the reason '
+            "(unauthorized, timeout, no logprobs, ...) and fix the server or specwatch's config for it.",
+            for_="5m",
+        ),
+        Alert(
+            "SpecwatchServerDown",
+            "Down on every replica that watches it: one replica's network trouble is not the server's.",
+            f"max {c.without()} (specwatch_up) == 0",
+            "warning",
+            "llama-server {{ $labels.server }} is down or unreadable",
+            "specwatch has not got valid answers from /health, /props and /slots of {{ $labels.server }} for 2 minutes. "
+            "The server is down, unreachable, or refuses specwatch's API key. Look at "
+            'specwatch_poll_failures_total{server="{{ $labels.server }}"} for the reason.',
+            for_="2m",
+        ),
+        Alert(
+            "SpecwatchConfigReloadFailed",
+            "The previous config keeps running, so there is time to fix a typo before a ticket is filed.",
+            "specwatch_config_last_reload_successful == 0",
+            "warning",
+            "specwatch {{ $labels.instance }} rejected its new configuration",
+            "The last configuration reload of specwatch at {{ $labels.instance }} failed and the previous configuration is "
+            "still running, so changes to the watched servers have not taken effect. Run "
+            "`specwatch run --check-config --config FILE` to see every problem, fix the file, and reload again.",
+            for_="5m",
+        ),
+        Alert(
+            "SpecwatchExporterDown",
+            "One replica down is a ticket: its twin watches the same shard. When no replica watches some servers, "
+            "SpecwatchFleetUnwatched pages.",
+            f"{up} == 0",
+            "warning",
+            "specwatch exporter {{ $labels.instance }} is down",
+            "Prometheus cannot scrape specwatch at {{ $labels.instance }} (job {{ $labels.job }}). If another replica "
+            "watches the same shard nothing is unwatched; otherwise SpecwatchFleetUnwatched pages. Check that `specwatch "
+            "run` is running and listening there, and that the scrape config points at it.",
+            for_="5m",
+        ),
+        Alert(
+            "SpecwatchNoServers",
+            "A config or discovery source that yields no server watches nothing, silently.",
+            "max by (job) (specwatch_configured_servers) == 0",
+            "warning",
+            "specwatch ({{ $labels.job }}) has no server to watch",
+            "Every specwatch replica of job {{ $labels.job }} reports an empty fleet: its discovery sources yield no "
+            "target. Check the file_sd files or the http_sd endpoint in specwatch's config (the exporter's log says what "
+            "each source returned).",
+            for_="10m",
+        ),
+        Alert(
+            "SpecwatchDiscoveryFailing",
+            "A refused target file or a failing http_sd endpoint keeps its last good targets, so nothing is unwatched yet; "
+            "but servers added or removed since are not followed. A ticket, after a while to fix a typo.",
+            "specwatch_discovery_refresh_successful == 0",
+            "warning",
+            "specwatch {{ $labels.instance }} cannot refresh discovery source {{ $labels.source }}",
+            "The last refresh of {{ $labels.source }} on specwatch {{ $labels.instance }} was refused: a target file that "
+            "is not valid (empty, not JSON/YAML, a bad target) or an http_sd endpoint that fails. Its previous targets are "
+            "still watched, but changes to the fleet are not followed. The exporter's `discovery_refused` log line says "
+            "what is wrong.",
+            for_="10m",
+        ),
+    ]
+
+
+def groups(c: RulesConfig) -> list[tuple[str, list[Record] | list[Alert]]]:
+    return [("specwatch.recording", recording(c)), ("specwatch.llama-server", llama_server(c)),
+            ("specwatch.alerts", alerts(c))]
+
+
+def data(c: RulesConfig) -> dict:
+    """The rules as Prometheus reads them: what the written file must load back to."""
+    def rule(item: Record | Alert) -> dict:
+        if isinstance(item, Record):
+            return {"record": item.name, "expr": item.expr}
+        timing = {key: value for key, value in (("for", item.for_), ("keep_firing_for", item.keep_firing_for)) if value}
+        return {"alert": item.name, "expr": item.expr, **timing, "labels": {"severity": item.severity},
+                "annotations": {"summary": item.summary, "description": item.description,
+                                "runbook_url": c.runbook(item.name)}}
+
+    return {"groups": [{"name": name, "rules": [rule(item) for item in items]} for name, items in groups(c)]}
+
+
+# --- YAML text ---------------------------------------------------------------------------------------------------
+
+
+def _plain_ok(value: str) -> bool:
+    try:
+        return yaml.safe_load(f"key: {value}") == {"key": value}
+    except yaml.YAMLError:
+        return False
+
+
+def _quoted(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
+
+
+def scalar(key: str, value: str, indent: int, *, style: str = "plain") -> list[str]:
+    """`key: value` at `indent`: a literal block when multi-line, folded when asked and long, else plain or quoted."""
+    pad, inner = " " * indent, " " * (indent + 2)
+    if "\n" in value:
+        assert not value[0].isspace() and not value.endswith("\n"), value
+        return [f"{pad}{key}: |-", *(f"{inner}{line}" if line else "" for line in value.split("\n"))]
+    foldable = value == value.strip() and "  " not in value
+    if style == "folded" and foldable and len(pad) + len(key) + 2 + len(value) > WIDTH:
+        return [f"{pad}{key}: >-", *wrap(value, inner, inner)]
+    if style == "plain" and _plain_ok(value):
+        return [f"{pad}{key}: {value}"]
+    return [f"{pad}{key}: {_quoted(value)}"]
+
+
+# A template action ({{ ... }}) or a code span (`...`) stays on one line, so each reads whole.
+_UNBROKEN = re.compile(r"\{\{.*?\}\}|`[^`]*`")
+
+
+def wrap(text: str, first: str, rest: str) -> list[str]:
+    """`text` in lines of at most WIDTH, broken at single spaces only (so a folded scalar reads back the same)."""
+    glued = _UNBROKEN.sub(lambda match: match.group().replace(" ", "\0"), text)
+    lines = textwrap.wrap(glued, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                          break_on_hyphens=False)
+    return [line.replace("\0", " ") for line in lines]
+
+
+def comment(text: str, indent: int) -> list[str]:
+    pad = " " * indent
+    return wrap(text, f"{pad}# ", f"{pad}# ")
+
+
+def _listed(labels: Sequence[str]) -> str:
+    quoted = [f"`{label}`" for label in labels]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def command(script: str, c: RulesConfig) -> str:
+    return shlex.join(["python", script, *c.flags()])
+
+
+def header(c: RulesConfig) -> list[str]:
+    return [
+        "# Prometheus rules for specwatch: recording rules for the fleet panels, and the alerts that page or file tickets.",
+        "# Generated by alerts/generate.py; do not edit: change the generator and run",
+        f"#   {command('alerts/generate.py', c)}",
+        "# Load with `rule_files:` (see examples/prometheus.yml).",
+        "# severity=critical pages on-call; severity=warning files a ticket (see examples/alertmanager.yml).",
+        *comment(f"Runbooks (--runbook-base-url), one section per alert: {c.runbook_base_url}", 0),
+        *comment(f"specwatch's own scrape targets (--job-selector): up{{{c.job_selector}}}", 0),
+        "#",
+        *comment("Replicas: several specwatch replicas may watch the same servers (two per shard, so an upgrade or a crash "
+                 f"leaves none unwatched). Their series differ only in the target labels {_listed(c.aggregate_away)}, so "
+                 "every per-server rule first aggregates those away: one server, one alert, however many replicas watch "
+                 "it. If your replicas differ in other target labels, name them all with --aggregate-away.", 0),
+        *comment("Router models: a model the router has not loaded is never probed (probing would load it); its verdict is "
+                 "`unchecked` and no alert fires for it: rules drop models whose specwatch_model_loaded is 0.", 0),
+    ]
+
+
+def render(c: RulesConfig) -> str:
+    lines = [*header(c), "groups:"]
+    for number, (name, items) in enumerate(groups(c)):
+        if number:
+            lines.append("")
+        lines += [f"  - name: {name}", "    rules:"]
+        for position, item in enumerate(items):
+            if isinstance(item, Record):
+                lines += comment(item.note, 6) if item.note else []
+                lines += [f"      - record: {item.name}", *scalar("expr", item.expr, 8)]
+                continue
+            if position:
+                lines.append("")
+            lines += [f"      - alert: {item.name}", *comment(item.note, 8), *scalar("expr", item.expr, 8)]
+            lines += [f"        for: {item.for_}"] if item.for_ else []
+            lines += [f"        keep_firing_for: {item.keep_firing_for}"] if item.keep_firing_for else []
+            lines += ["        labels:", f"          severity: {item.severity}", "        annotations:",
+                      *scalar("summary", item.summary, 10, style="quoted"),
+                      *scalar("description", item.description, 10, style="folded"),
+                      *scalar("runbook_url", c.runbook(item.name), 10)]
+    text = "\n".join(lines) + "\n"
+    if yaml.safe_load(text) != data(c):  # the layout must not change a single value
+        raise AssertionError("the written rules do not load back to the rules")
+    if not all(alert.name.startswith(ALERT_PREFIX) for alert in alerts(c)):
+        raise AssertionError(f"an alert's name lacks the {ALERT_PREFIX} prefix the dashboards list alerts by")
+    return text
+
+
+# --- command line ------------------------------------------------------------------------------------------------
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-selector", default=DEFAULT_JOB_SELECTOR, metavar="MATCHERS",
+                        help=f"label matchers of specwatch's own scrape targets (default: {DEFAULT_JOB_SELECTOR})")
+    parser.add_argument("--aggregate-away", default=",".join(DEFAULT_AGGREGATE_AWAY), metavar="LABEL,...",
+                        help="target labels in which replicas watching the same servers differ; per-server rules drop "
+                             f"them (default: {','.join(DEFAULT_AGGREGATE_AWAY)})")
+    parser.add_argument("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE_URL, metavar="URL",
+                        help="address of your copy of docs/runbooks.md; each alert adds #its-name-in-lower-case "
+                             f"(default: {DEFAULT_RUNBOOK_BASE_URL})")
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RulesConfig:
+    """The config the flags give, or the parser's usage error listing every problem."""
+    try:
+        labels = tuple(label.strip() for label in args.aggregate_away.split(","))
+        return RulesConfig(args.job_selector, labels if any(labels) else (), args.runbook_base_url)
+    except ConfigError as err:
+        parser.error(f"\n{err}")
+
+
+def write_or_check(text: str, out: Path, *, check: bool, regenerate: str) -> int:
+    if not check:
+        out.write_text(text, encoding="utf-8")
+        return 0
+    if not out.is_file() or out.read_text(encoding="utf-8") != text:
+        print(f"{out.name} is out of date: run {regenerate}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_config_arguments(parser)
+    parser.add_argument("--out", type=Path, default=TARGET, help="where to write (default: alerts/specwatch.rules.yml)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the file at --out differs from what would be written")
+    args = parser.parse_args(argv)
+    config = config_from_args(parser, args)
+    return write_or_check(render(config), args.out, check=args.check, regenerate=command("alerts/generate.py", config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
