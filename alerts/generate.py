@@ -152,7 +152,8 @@ def recording(c: RulesConfig) -> list[Record]:
                f"sum by (job, endpoint) (max {c.without()} (specwatch_canary_placeholder_tokens))\n"
                "  /\n"
                f"sum by (job, endpoint) (max {c.without()} (specwatch_canary_tokens))",
-               "Fleet-wide fill-in fraction: fill-in tokens among all canary tokens, per endpoint."),
+               "Fleet-wide fill-in fraction: fill-ins among the canary tokens judged (those after the first), per endpoint; "
+               "1 when every judged token is a fill-in."),
         Record(Recorded.CANARY_TOKENS_PER_HOUR, "sum by (job) (rate(specwatch_canary_generated_tokens_total[1h])) * 3600",
                "What watching costs: canary tokens the servers generated per hour, fleet-wide (all replicas count: each asks)."),
     ]

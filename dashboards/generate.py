@@ -421,7 +421,8 @@ def server() -> model.Dashboard:
         query(f"max by (model, endpoint) (specwatch_canary_mean_logprob{{{MODEL_MATCH}}})",
             "{{model}} {{endpoint}}"), max_value=0))
     board = board.with_panel(graph(
-        "Canary tokens", "Tokens in the canary's answer, fill-ins among them, and tokens the server drafted.",
+        "Canary tokens", "Tokens judged in the canary's answer (those after the first), fill-ins among them, and tokens the "
+        "server drafted.",
         query(f"max by (model, endpoint) (specwatch_canary_tokens{{{MODEL_MATCH}}})", "tokens {{model}} {{endpoint}}"),
         query(f"max by (model, endpoint) (specwatch_canary_placeholder_tokens{{{MODEL_MATCH}}})",
             "fill-ins {{model}} {{endpoint}}", ref="B"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -120,3 +121,115 @@ def test_the_table_covers_every_endpoint_and_streams_where_the_name_says() -> No
     for endpoint, spec in TABLE.items():
         assert spec.endpoint is endpoint
         assert spec.streaming == endpoint.value.endswith("_stream") == spec.body(4)["stream"]
+
+
+def test_openai_completions_ask_for_alternatives_the_openai_way() -> None:
+    for endpoint, stream in ((Endpoint.V1_COMPLETION, False), (Endpoint.V1_COMPLETION_STREAM, True)):
+        spec = TABLE[endpoint]
+        body = spec.body(12)
+        assert (spec.path, body["logprobs"], body["max_tokens"], body["stream"]) == ("/v1/completions", 3, 12, stream)
+        assert "n_probs" not in body and "top_logprobs" not in body and "messages" not in body
+
+
+def _legacy(entries: list[dict | None], values: list[float | None]) -> dict:
+    """OpenAI's legacy completions logprobs, as a converting proxy in front of llama-server would send them."""
+    return {"choices": [{"text": "x", "index": 0, "logprobs": {
+        "tokens": [" a"] * len(values), "token_logprobs": values, "top_logprobs": entries, "text_offset": [0] * len(values)}}]}
+
+
+@pytest.mark.parametrize(("body", "fill_ins"), [
+    (_legacy([{" a": -0.3, " b": -2.0}] * 4, [-0.3] * 4), 0),
+    # A fill-in converted: 0.0 with an empty or a null alternatives entry.
+    (_legacy([{" a": -0.3, " b": -2.0}, {}, None, {}], [-0.3, 0.0, 0.0, 0.0]), 3),
+    (_legacy([{" a": 0.0}, {" a": 0.0, " b": -9.0}, {}, {" a": -1.0}], [0.0, 0.0, 0.0, -1.0]), 1),
+])
+def test_the_legacy_completions_shape_is_read_too(body: dict, fill_ins: int) -> None:
+    tally = classify(TABLE[Endpoint.V1_COMPLETION].read(body))
+    assert (tally.tokens, tally.fill_ins) == (4, fill_ins)
+
+
+def test_legacy_answers_without_alternatives_cannot_be_classified() -> None:
+    body = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, 0.0], "top_logprobs": None}}]}
+    with pytest.raises(ProbeFailure, match="alternatives were requested") as caught:
+        classify(TABLE[Endpoint.V1_COMPLETION].read(body))
+    assert caught.value.reason is Reason.NO_LOGPROBS
+
+
+@pytest.mark.parametrize(("logprobs", "message"), [
+    ("x", "is not an object"),
+    ({"token_logprobs": "x"}, "token_logprobs is not a list"),
+    ({"token_logprobs": [0.5]}, "not a logprob"),
+    ({"token_logprobs": [-0.1, -0.2], "top_logprobs": [{}]}, "as long as token_logprobs"),
+    ({"token_logprobs": [-0.1], "top_logprobs": [[" a"]]}, "top_logprobs[0] is not an object"),
+])
+def test_wrong_legacy_shapes_are_invalid_responses(logprobs: object, message: str) -> None:
+    with pytest.raises(ProbeFailure, match=re.escape(message)) as caught:
+        TABLE[Endpoint.V1_COMPLETION].read({"choices": [{"logprobs": logprobs}]})
+    assert caught.value.reason is Reason.INVALID_RESPONSE
+
+
+@pytest.mark.parametrize("endpoint", [e for e in Endpoint if e is not Endpoint.COMPLETION_POST_SAMPLING])
+def test_a_placeholder_marked_in_a_field_of_its_own_is_never_real(endpoint: Endpoint) -> None:
+    """A build that marks its placeholders (and lists alternatives even for them): the mark decides."""
+    fake = FakeLlama(speculative=True, fill_ins={2, 3, 5}, drafts=6, tokens=8, placeholder_field="placeholder",
+                     fill_in_alternatives=True)
+    tally = classify(_answer(fake, endpoint))
+    # Streaming, the speculated chunks carry no logprobs at all: fill-ins by absence, mark or not.
+    assert tally.fill_ins == 3
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+def test_a_token_field_specwatch_does_not_know_changes_nothing(endpoint: Endpoint) -> None:
+    extra = (("speculative", True), ("draft", 1), ("placeholder", "yes"), ("source", "target"))
+    plain = classify(_answer(FakeLlama.plain(tokens=8, token_extra=extra), endpoint))
+    draft = classify(_answer(FakeLlama.draft(tokens=8, token_extra=extra), endpoint))
+    assert (plain.fill_ins, draft.fill_ins) == (0, 7)
+
+
+def test_counts_and_ratio_agree_on_what_is_judged() -> None:
+    """specwatch_canary_tokens is the ratio's denominator: fill-ins / judged reaches 1.0 on a draft server."""
+    tally = classify(_answer(FakeLlama.draft(tokens=16), Endpoint.V1_COMPLETION))
+    assert (tally.judged, tally.fill_ins, tally.fill_in_ratio) == (15, 15, 1.0)
+    assert tally.fill_ins / tally.judged == tally.fill_in_ratio
+
+
+SPECULATION = {
+    "plain": [],
+    "draft-simple": ["-md", "{model}", "--spec-type", "draft-simple"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+}
+
+
+@pytest.fixture(scope="module")
+def cycle_model(tmp_path_factory: pytest.TempPathFactory):
+    from exporter.demo.tinymodel import write_cycle_model
+
+    return write_cycle_model(tmp_path_factory.mktemp("canary") / "cycle.gguf")
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("kind", list(SPECULATION))
+async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_model) -> None:
+    """Build 11434, fresh server per kind, every endpoint in the canary's order at the speculating size (32 tokens)."""
+    import httpx
+
+    from exporter.demo.llamaserver import LlamaServer
+    from exporter.probe import probes
+    from exporter.probe.fetch import Fetcher
+    from exporter.settings import ServerConfig
+
+    args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]
+    with LlamaServer(cycle_model, args) as server:
+        target = ServerConfig(name=kind, url=server.url)
+        async with httpx.AsyncClient() as client:
+            fetcher = Fetcher(client, 1 << 22)
+            tallies = {e: await probes.canary(fetcher, target, e, tokens=32, timeout=60) for e in Endpoint}
+    assert all(t.tokens == 32 for t in tallies.values())
+    if kind == "plain":
+        assert {e: t.fill_ins for e, t in tallies.items()} == dict.fromkeys(Endpoint, 0)
+        assert all(t.draft_n is None for t in tallies.values())
+    else:
+        caught = {e for e, t in tallies.items() if t.fill_ins > 0}
+        assert {Endpoint.V1_COMPLETION, Endpoint.V1_COMPLETION_STREAM} <= caught, {e: t.fill_ins for e, t in tallies.items()}
+        assert tallies[Endpoint.V1_COMPLETION].draft_n, "timings.draft_n says the server drafted"

@@ -16,13 +16,14 @@ import pytest
 
 from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
+from exporter.probe.canary import Endpoint
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
 
 pytestmark = pytest.mark.real
 
 API_KEY = "sk-e2e-test-key-4711"
-ENDPOINTS = ("chat", "chat_stream", "completion", "completion_stream", "completion_post_sampling")
+ENDPOINTS = tuple(e.value for e in Endpoint)
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +132,9 @@ def test_exporter_tells_each_kind_of_server_apart(exporter_metrics: tuple[str, P
     assert find(samples, "specwatch_speculation_contradiction", server="noslots") is None
 
     for endpoint in ENDPOINTS:
-        tokens = find(samples, "specwatch_canary_tokens", server="draft", endpoint=endpoint)
-        assert tokens == 32  # canary_tokens_speculating: the default for a server /slots says speculates
-        assert find(samples, "specwatch_canary_placeholder_tokens", server="draft", endpoint=endpoint) == tokens - 1
+        judged = find(samples, "specwatch_canary_tokens", server="draft", endpoint=endpoint)
+        assert judged == 31  # after the first of canary_tokens_speculating (32): the default where /slots says it speculates
+        assert find(samples, "specwatch_canary_placeholder_tokens", server="draft", endpoint=endpoint) == judged
         assert find(samples, "specwatch_canary_placeholder_ratio", server="draft", endpoint=endpoint) == 1.0
         assert find(samples, "specwatch_canary_placeholder_ratio", server="noslots", endpoint=endpoint) == 1.0
         for clean in ("plain", "locked"):

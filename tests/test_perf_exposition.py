@@ -17,6 +17,7 @@ from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.exposition.text import TextRenderer
 from exporter.daemon.web import WebApp
+from exporter.probe.canary import Endpoint
 from exporter.settings import Settings
 from tests.support.wire import FakeLlama
 
@@ -98,7 +99,8 @@ async def test_series_per_server(make_watcher) -> None:
     series = {name: sum(1 for line in text.splitlines() if line.startswith("specwatch_") and f'server="{name}"' in line)
               for name in fakes}
     # Per server: 10 poll series, 7 per canaried endpoint (8 with draft counts), 4 verdicts and 5 other canary series.
-    assert series == {"plain": 10 + 7 * 5 + 4 + 5, "draft": 10 + 8 * 5 + 4 + 5}
+    endpoints = len(Endpoint)
+    assert series == {"plain": 10 + 7 * endpoints + 4 + 5, "draft": 10 + 8 * endpoints + 4 + 5}
 
 
 @pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])

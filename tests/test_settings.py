@@ -45,7 +45,7 @@ BAD_CONFIGS = [
     ("servers:\n  - {name: a, url: 'http://h:1', api_key: sk-zzz}\n",
      "servers[0] (a).api_key: unknown key: a key is never written in the config; use api_key_file or api_key_env"),
     (OK_SERVER + "canary_endpoints: [chat, telepathy]\n",
-     "canary_endpoints[1]: Input should be 'completion', 'completion_stream', 'completion_post_sampling', 'chat' or 'chat_stream'"),
+     "canary_endpoints[1]: Input should be 'completion', 'completion_stream', 'completion_post_sampling', 'v1_completion', 'v1_completion_stream', 'chat' or 'chat_stream'"),
     (OK_SERVER + "shard: 3/3\n", "shard: shard '3/3': need 0 <= INDEX < COUNT"),
     (OK_SERVER + "poll_interval: 5s\npoll_timeout: 10s\n",
      "poll_timeout: 10s is longer than poll_interval 5s: a probe must end before the next one is due; shorten poll_timeout "

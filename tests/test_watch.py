@@ -30,7 +30,7 @@ async def test_plain_and_speculating_servers_side_by_side(make_watcher) -> None:
         assert value(s, "specwatch_canary_placeholder_ratio", server="draft", endpoint=endpoint) == 1.0
         assert value(s, "specwatch_canary_placeholder_ratio", server="plain", endpoint=endpoint) == 0.0
         assert value(s, "specwatch_canary_success", server="plain", endpoint=endpoint) == 1
-        assert value(s, "specwatch_canary_tokens", server="draft", endpoint=endpoint) == 32
+        assert value(s, "specwatch_canary_tokens", server="draft", endpoint=endpoint) == 31  # tokens after the first: the judged ones
     assert value(s, "specwatch_canary_last_success_timestamp_seconds", server="plain", endpoint="chat") == 1_700_000_000.0
     assert value(s, "specwatch_server_info", server="plain", build="b0-unknown", model="tiny.gguf") == 1
 

@@ -33,6 +33,8 @@ class Endpoint(StrEnum):
     COMPLETION = "completion"
     COMPLETION_STREAM = "completion_stream"
     COMPLETION_POST_SAMPLING = "completion_post_sampling"
+    V1_COMPLETION = "v1_completion"
+    V1_COMPLETION_STREAM = "v1_completion_stream"
     CHAT = "chat"
     CHAT_STREAM = "chat_stream"
 
@@ -43,6 +45,13 @@ class Token:
 
     logprob: float | None
     alternatives: int | None
+    marked: bool = False
+    """The answer itself says this value is a placeholder (one of PLACEHOLDER_MARKERS is true)."""
+
+
+PLACEHOLDER_MARKERS = ("placeholder", "is_placeholder", "logprob_placeholder")
+"""Per-token fields a build may add to say its value is a placeholder: such a token is a fill-in whatever else it
+carries. Any other field a build adds changes nothing."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +76,13 @@ class Tally:
     draft_accepted: int | None
 
     @property
+    def judged(self) -> int:
+        """Tokens after the first: the ones that can be fill-ins (the first is always real), the ratio's denominator."""
+        return max(0, self.tokens - 1)
+
+    @property
     def fill_in_ratio(self) -> float:
-        after_first = self.tokens - 1
-        return self.fill_ins / after_first if after_first > 0 else 0.0
+        return self.fill_ins / self.judged if self.judged > 0 else 0.0
 
     @property
     def drafted(self) -> bool:
@@ -118,6 +131,13 @@ def _completion_body(*, stream: bool, post_sampling: bool = False) -> Callable[[
     return body
 
 
+def _v1_completion_body(*, stream: bool) -> Callable[[int], dict[str, Any]]:
+    def body(tokens: int) -> dict[str, Any]:
+        return {**_common(), "prompt": PROMPT_TEXT, "max_tokens": tokens, "logprobs": ALTERNATIVES, "stream": stream}
+
+    return body
+
+
 def _bad(what: str) -> ProbeFailure:
     return ProbeFailure(Reason.INVALID_RESPONSE, what)
 
@@ -153,7 +173,11 @@ def _entry_token(entry: Any, *, post_sampling: bool, where: str) -> Token:
         count = len(alternatives)
     else:
         raise _bad(f"{where}.{list_key} is not a list")
-    return Token(logprob=logprob, alternatives=count)
+    return Token(logprob=logprob, alternatives=count, marked=_marked(entry))
+
+
+def _marked(entry: dict[str, Any]) -> bool:
+    return any(entry.get(key) is True for key in PLACEHOLDER_MARKERS)
 
 
 def _entries(entries: Any, *, post_sampling: bool, where: str) -> list[Token]:
@@ -167,7 +191,7 @@ def _entries(entries: Any, *, post_sampling: bool, where: str) -> list[Token]:
         if type(entry) is dict:
             value = entry.get(value_key)
             alternatives = entry.get(list_key)
-            if type(value) is float and type(alternatives) is list:
+            if type(value) is float and type(alternatives) is list and not _marked(entry):
                 if post_sampling:
                     if 0.0 <= value <= 1.0 + 1e-6:
                         tokens.append(Token(math.log(value) if value > 0 else -1e9, len(alternatives)))
@@ -209,17 +233,39 @@ def _chat_choice(body: Any, where: str) -> dict[str, Any]:
     return choices[0]
 
 
-def _read_chat(body: Any) -> Reading:
+def _logprobs_tokens(logprobs: Any, where: str) -> list[Token]:
+    """A choice's `logprobs`: llama-server's `{"content": [...]}`, or OpenAI's legacy completion shape, which a proxy in
+    front of llama-server may convert it to (`tokens`, `token_logprobs`, `top_logprobs` as one {token: logprob} each)."""
+    if logprobs is None:
+        return []
+    if not isinstance(logprobs, dict):
+        raise _bad(f"{where} is not an object")
+    if "content" in logprobs:
+        content = logprobs["content"]
+        return [] if content is None else _entries(content, post_sampling=False, where=f"{where}.content")
+    values = logprobs.get("token_logprobs")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise _bad(f"{where}.token_logprobs is not a list")
+    tops = logprobs.get("top_logprobs")
+    if tops is not None and (not isinstance(tops, list) or len(tops) != len(values)):
+        raise _bad(f"{where}.top_logprobs is not a list as long as token_logprobs")
+    tokens = []
+    for i, value in enumerate(values):
+        if value is not None and (not finite(value) or value > 1e-6):
+            raise _bad(f"{where}.token_logprobs[{i}] is {value!r}, not a logprob")
+        top = None if tops is None else tops[i]
+        if top is not None and not isinstance(top, dict):
+            raise _bad(f"{where}.top_logprobs[{i}] is not an object")
+        tokens.append(Token(None if value is None else float(value), None if top is None else len(top)))
+    return tokens
+
+
+def _read_choice(body: Any) -> Reading:
+    """A chat or OpenAI completion answer: the tokens of its first choice."""
     choice = _chat_choice(body, "response")
-    logprobs = choice.get("logprobs")
-    tokens: list[Token] = []
-    if logprobs is not None:
-        if not isinstance(logprobs, dict):
-            raise _bad("choices[0].logprobs is not an object")
-        content = logprobs.get("content")
-        if content is not None:
-            tokens = _entries(content, post_sampling=False, where="logprobs.content")
-    return Reading(tokens, *_timings(body), model=_model(body))
+    return Reading(_logprobs_tokens(choice.get("logprobs"), "choices[0].logprobs"), *_timings(body), model=_model(body))
 
 
 def _completion_reader(*, post_sampling: bool) -> Callable[[Any], Reading]:
@@ -234,8 +280,8 @@ def _completion_reader(*, post_sampling: bool) -> Callable[[Any], Reading]:
     return read
 
 
-def _stream_reader(chunk: Callable[[Any, str], tuple[Any, Any]]) -> Callable[[Any], Reading]:
-    """A stream reader from `chunk(event, where) -> (content, logprob entries)`.
+def _stream_reader(chunk: Callable[[Any, str], tuple[Any, list[Token]]]) -> Callable[[Any], Reading]:
+    """A stream reader from `chunk(event, where) -> (content, its tokens)`.
 
     A speculating server sends logprobs only with the first chunk: a content chunk without them is one token
     with no value, which the classifier counts as a fill-in.
@@ -246,39 +292,43 @@ def _stream_reader(chunk: Callable[[Any, str], tuple[Any, Any]]) -> Callable[[An
         timings: tuple[int | None, int | None] = (None, None)
         model: str | None = None
         for index, event in enumerate(events):
-            where = f"stream event {index}"
-            content, entries = chunk(event, where)
-            if entries:
-                tokens.extend(_entries(entries, post_sampling=False, where=f"{where} logprobs"))
+            content, found = chunk(event, f"stream event {index}")
+            if found:
+                tokens.extend(found)
             elif isinstance(content, str) and content:
                 tokens.append(Token(logprob=None, alternatives=None))
-            found = _timings(event)
-            if found != (None, None):
-                timings = found
+            reported = _timings(event)
+            if reported != (None, None):
+                timings = reported
             model = model or _model(event)
         return Reading(tokens, *timings, model=model)
 
     return read
 
 
-def _chat_chunk(event: Any, where: str) -> tuple[Any, Any]:
+def _chat_chunk(event: Any, where: str) -> tuple[Any, list[Token]]:
     choice = _chat_choice(event, where)
     delta = choice.get("delta") or {}
-    logprobs = choice.get("logprobs")
     return (delta.get("content") if isinstance(delta, dict) else None,
-            logprobs.get("content") if isinstance(logprobs, dict) else None)
+            _logprobs_tokens(choice.get("logprobs"), f"{where} logprobs"))
 
 
-def _completion_chunk(event: Any, where: str) -> tuple[Any, Any]:
+def _v1_completion_chunk(event: Any, where: str) -> tuple[Any, list[Token]]:
+    choice = _chat_choice(event, where)
+    return choice.get("text"), _logprobs_tokens(choice.get("logprobs"), f"{where} logprobs")
+
+
+def _completion_chunk(event: Any, where: str) -> tuple[Any, list[Token]]:
     if not isinstance(event, dict):
         raise _bad(f"{where} is not a JSON object")
-    return event.get("content"), event.get("completion_probabilities")
+    entries = event.get("completion_probabilities")
+    return event.get("content"), [] if not entries else _entries(entries, post_sampling=False, where=f"{where} logprobs")
 
 
 TABLE: Mapping[Endpoint, EndpointSpec] = MappingProxyType({
     spec.endpoint: spec
     for spec in (
-        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), _read_chat),
+        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), _read_choice),
         EndpointSpec(Endpoint.CHAT_STREAM, "/v1/chat/completions", True, _chat_body(stream=True), _stream_reader(_chat_chunk)),
         EndpointSpec(Endpoint.COMPLETION, "/completion", False, _completion_body(stream=False),
                      _completion_reader(post_sampling=False)),
@@ -286,12 +336,15 @@ TABLE: Mapping[Endpoint, EndpointSpec] = MappingProxyType({
                      _stream_reader(_completion_chunk)),
         EndpointSpec(Endpoint.COMPLETION_POST_SAMPLING, "/completion", False, _completion_body(stream=False, post_sampling=True),
                      _completion_reader(post_sampling=True)),
+        EndpointSpec(Endpoint.V1_COMPLETION, "/v1/completions", False, _v1_completion_body(stream=False), _read_choice),
+        EndpointSpec(Endpoint.V1_COMPLETION_STREAM, "/v1/completions", True, _v1_completion_body(stream=True),
+                     _stream_reader(_v1_completion_chunk)),
     )
 })
 
 
 def classify(reading: Reading) -> Tally:
-    """Count fill-ins: after the first token, a token with no value or an empty alternatives list.
+    """Count fill-ins: after the first token, a token with no value, an empty alternatives list, or a placeholder mark.
 
     An exact 0.0 alone proves nothing (a real token can be certain); the empty list is the signal.
     """
@@ -302,7 +355,7 @@ def classify(reading: Reading) -> Tally:
         raise ProbeFailure(Reason.NO_LOGPROBS, "logprobs were requested but none came back")
     if all(t.alternatives is None for t in tokens):
         raise ProbeFailure(Reason.NO_LOGPROBS, "alternatives were requested but none came back")
-    fill_ins = sum(1 for t in tokens[1:] if t.logprob is None or not t.alternatives)
+    fill_ins = sum(1 for t in tokens[1:] if t.logprob is None or not t.alternatives or t.marked)
     values = [t.logprob for t in tokens if t.logprob is not None]
     return Tally(
         tokens=len(tokens),

@@ -13,7 +13,8 @@ JSON = "application/json; charset=utf-8"
 SSE = "text/event-stream"
 METRICS_TEXT = "text/plain; version=0.0.4"
 GET = ("GET", "HEAD")
-COMPLETION_PATHS = ("/completion", "/completions", "/v1/chat/completions")
+COMPLETION_PATHS = {"/completion": "native", "/completions": "native", "/v1/completions": "v1", "/v1/chat/completions": "chat"}
+"""Each completion path and the answer shape it has: llama-server's own, OpenAI's completions, OpenAI's chat."""
 MODELS_PATHS = ("/models", "/v1/models")
 MAX_TOKENS = 512
 DEFAULT_TOKENS = 16
@@ -185,6 +186,12 @@ class FakeLlama(Lookalike):
     tokens: int | None = 32
     """Tokens in every answer whatever the request asks; None answers as many as it asks, as a real server does."""
     real_zero_at: set[int] = field(default_factory=set)
+    placeholder_field: str | None = None
+    """A build that marks its placeholders in a field of their own: each fill-in carries `{placeholder_field: true}`."""
+    fill_in_alternatives: bool = False
+    """A build that lists alternatives even for its placeholders (only a placeholder_field then tells them apart)."""
+    token_extra: tuple[tuple[str, Any], ...] = ()
+    """Fields every token entry carries beside llama-server's own (a newer build's additions)."""
     model_alias: str = "tiny.gguf"
     model_path: str | None = None
     """None: /models/<model_alias>."""
@@ -239,7 +246,7 @@ class FakeLlama(Lookalike):
                 return INVALID_JSON
             if not isinstance(body, dict):
                 return NOT_AN_OBJECT
-            return self.complete(path == "/v1/chat/completions", body)
+            return self.complete(COMPLETION_PATHS[path], body)
         return NOT_FOUND
 
     def _props(self) -> Answer:
@@ -283,12 +290,18 @@ class FakeLlama(Lookalike):
             lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value}"]
         return Answer(200, METRICS_TEXT, (("\n".join(lines) + "\n").encode(),))
 
-    def complete(self, chat: bool, body: dict[str, Any]) -> Answer:
-        """A completion (chat or native) for a parsed request body; counts what it generated for /metrics."""
-        if chat:
+    def complete(self, kind: str, body: dict[str, Any]) -> Answer:
+        """A completion ("native", "v1" or "chat") for a parsed request body; counts what it generated for /metrics."""
+        if kind == "chat":
             wanted = body.get("max_tokens", body.get("n_predict"))
             with_logprobs = bool(body.get("logprobs"))
             alternatives = _count(body.get("top_logprobs")) if with_logprobs else 0
+            post = False
+        elif kind == "v1":
+            # OpenAI's completions: `logprobs: N` asks for N alternatives (llama-server makes it n_probs).
+            wanted = body.get("max_tokens", body.get("n_predict"))
+            alternatives = _count(body.get("logprobs"))
+            with_logprobs = alternatives > 0
             post = False
         else:
             wanted = body.get("n_predict", body.get("max_tokens"))
@@ -300,8 +313,9 @@ class FakeLlama(Lookalike):
         accepted = None if draft_n is None else max(0, draft_n - 2)
         self.counters.add(generated, draft_n, accepted)
         stream = bool(body.get("stream"))
-        key = (chat, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(self.fill_ins),
-               frozenset(self.real_zero_at), draft_n, accepted, self.build_info)
+        key = (kind, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(self.fill_ins),
+               frozenset(self.real_zero_at), draft_n, accepted, self.build_info, self.placeholder_field,
+               self.fill_in_alternatives, self.token_extra)
         pieces = _COMPLETIONS.get(key)
         if pieces is None:
             if len(_COMPLETIONS) > 4096:  # property tests ask for thousands of distinct shapes
@@ -353,7 +367,8 @@ _COMPLETIONS: dict[tuple, tuple[list[bytes], ...]] = {}
 class _Shape:
     """Everything a completion answer depends on, but the model name; built once per distinct shape."""
 
-    chat: bool
+    kind: str
+    """"native" (/completion), "v1" (/v1/completions) or "chat" (/v1/chat/completions)."""
     stream: bool
     tokens: int
     alternatives: int
@@ -365,15 +380,25 @@ class _Shape:
     draft_n: int | None
     accepted: int | None
     build_info: str
+    placeholder_field: str | None = None
+    fill_in_alternatives: bool = False
+    token_extra: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat"
 
     def entry(self, position: int) -> dict[str, Any]:
         text, token_id = CYCLE[position % len(CYCLE)]
         value_key, list_key = ("prob", "top_probs") if self.post else ("logprob", "top_logprobs")
-        entry: dict[str, Any] = {"id": token_id, "token": text, "bytes": list(text.encode())}
+        entry: dict[str, Any] = {"id": token_id, "token": text, "bytes": list(text.encode()), **dict(self.token_extra)}
         if position in self.fill_ins:
             # What the speculative path emits: probability 1 and no alternatives, although they were asked for.
             entry[value_key], entry[list_key] = (1.0 if self.post else 0.0), []
-            return entry
+            if self.placeholder_field:
+                entry[self.placeholder_field] = True
+            if not self.fill_in_alternatives:
+                return entry
         probability = 1.0 if position in self.real_zero_at else TOKEN_PROBABILITY
 
         def value(p: float) -> float:
@@ -400,7 +425,16 @@ class _Shape:
         content = "".join(e["token"] for e in entries)
         model = "\ue000model\ue000"
         if not self.stream:
-            if self.chat:
+            if self.kind == "v1":
+                answer = {
+                    "choices": [{"text": content, "index": 0,
+                                 "logprobs": {"content": entries} if self.with_logprobs else None, "finish_reason": "length"}],
+                    "created": CREATED, "model": model, "system_fingerprint": self.build_info, "object": "text_completion",
+                    "usage": {"completion_tokens": self.tokens, "prompt_tokens": PROMPT_TOKENS,
+                              "total_tokens": PROMPT_TOKENS + self.tokens, "prompt_tokens_details": {"cached_tokens": 0}},
+                    "id": COMPLETION_ID, "timings": self.timings(),
+                }
+            elif self.chat:
                 choice: dict[str, Any] = {"finish_reason": "length", "index": 0,
                                           "message": {"role": "assistant", "content": content}}
                 if self.with_logprobs:
@@ -423,12 +457,26 @@ class _Shape:
                     answer["completion_probabilities"] = entries
             return (dump(answer),)
         return tuple(b"data: " + dump(event) + b"\n\n" for event in self._events(entries, model)) + (
-            (b"data: [DONE]\n\n",) if self.chat else ())
+            (b"data: [DONE]\n\n",) if self.kind in ("chat", "v1") else ())
 
     def _events(self, entries: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
         common = {"created": CREATED, "id": COMPLETION_ID, "model": model, "system_fingerprint": self.build_info,
                   "object": "chat.completion.chunk"}
         events: list[dict[str, Any]] = []
+        if self.kind == "v1":
+            v1 = {"created": CREATED, "model": model, "system_fingerprint": self.build_info, "object": "text_completion"}
+            for position, entry in enumerate(entries):
+                # A placeholder comes with "logprobs": null, where the chat stream drops the key.
+                carries = self.with_logprobs and not (self.speculative and position in self.fill_ins)
+                events.append({"choices": [{"text": entry["token"], "index": 0,
+                                            "logprobs": {"content": [entry]} if carries else None, "finish_reason": None}],
+                               **v1, "id": COMPLETION_ID})
+            events.append({"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}], **v1,
+                           "usage": {"completion_tokens": self.tokens, "prompt_tokens": PROMPT_TOKENS,
+                                     "total_tokens": PROMPT_TOKENS + self.tokens,
+                                     "prompt_tokens_details": {"cached_tokens": PROMPT_TOKENS - 1}},
+                           "id": COMPLETION_ID, "timings": self.timings()})
+            return events
         if self.chat:
             events.append({"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
                            **common})

@@ -43,9 +43,11 @@ SERVER: tuple[Family, ...] = (
            f"Router models: 1 when the router reports the model loaded, 0 otherwise (never loaded by specwatch). {_POLLED}"),
     Family("specwatch_canary_placeholder_ratio", "gauge", ("endpoint",),
            f"Share of the canary's tokens after the first that are fill-ins (placeholder logprobs). {_CACHED}"),
-    Family("specwatch_canary_tokens", "gauge", ("endpoint",), f"Tokens in the canary's answer. {_CACHED}"),
+    Family("specwatch_canary_tokens", "gauge", ("endpoint",),
+           "Tokens after the first in the canary's answer: the ones judged (the first is always real), so "
+           f"specwatch_canary_placeholder_tokens / specwatch_canary_tokens is the placeholder ratio. {_CACHED}"),
     Family("specwatch_canary_placeholder_tokens", "gauge", ("endpoint",),
-           f"Fill-ins (placeholder logprobs: 0.0 with no alternatives) among the canary's tokens. {_CACHED}"),
+           f"Fill-ins (placeholder logprobs: 0.0 with no alternatives) among the canary's tokens after the first. {_CACHED}"),
     Family("specwatch_canary_mean_logprob", "gauge", ("endpoint",),
            f"Mean logprob of the canary's answer, as an eval would compute it from the values the response carries. {_CACHED}"),
     Family("specwatch_canary_draft_tokens", "gauge", ("endpoint",),
