@@ -1,0 +1,122 @@
+"""The one verdict: decide()'s precedence as a table, and what builds that move in other ways get from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.probe.canary import Tally
+from exporter.verdict import NOTHING_LOADED, SEVERITY, Decision, EndpointEvidence, Evidence, Verdict, decide, worst
+from tests.support.metrics import exposition, parse, value
+from tests.support.wire import FakeLlama
+
+REAL = Tally(tokens=8, fill_ins=0, mean_logprob=-0.3, draft_n=None, draft_accepted=None)
+DRAFTED_REAL = Tally(tokens=8, fill_ins=0, mean_logprob=-0.3, draft_n=6, draft_accepted=5)
+FILLED = Tally(tokens=8, fill_ins=7, mean_logprob=-0.04, draft_n=8, draft_accepted=7)
+
+
+def ok(endpoint: str = "chat", tally: Tally = REAL) -> EndpointEvidence:
+    return EndpointEvidence(endpoint, tally)
+
+
+def failed(endpoint: str = "chat", tally: Tally | None = None) -> EndpointEvidence:
+    return EndpointEvidence(endpoint, tally, "timeout: no answer within 30s")
+
+
+# Each row: the evidence, the verdict, and a phrase its summary must hold. Rows go down the precedence.
+TABLE = [
+    # A model that is not loaded outranks everything, even a failed poll: specwatch never loads one.
+    (Evidence(poll_failure="connection_refused: x", model_status="unloaded"), Verdict.UNCHECKED, "not loaded"),
+    (Evidence(poll_failure=None, model_status="sleeping", endpoints=[ok(tally=FILLED)]), Verdict.UNCHECKED, "sleeping"),
+    # A failed poll outranks cached fill-ins: the server is down, its old answers are not today's.
+    (Evidence(poll_failure="connection_refused: x", endpoints=[ok(tally=FILLED)]), Verdict.UNCHECKED, "could not poll"),
+    (Evidence(poll_failure="not polled yet"), Verdict.UNCHECKED, "not polled yet"),
+    # Fill-ins outrank a failing or unchecked endpoint: they are proof.
+    (Evidence(poll_failure=None, endpoints=[ok(tally=FILLED), failed("completion")]), Verdict.FILL_INS, "chat 7/7"),
+    (Evidence(poll_failure=None, endpoints=[ok(tally=FILLED), EndpointEvidence("completion", None)]), Verdict.FILL_INS,
+     "do not score"),
+    # A failed canary keeps its last tally: fill-ins seen stay proof.
+    (Evidence(poll_failure=None, endpoints=[failed(tally=FILLED)]), Verdict.FILL_INS, "fill-in"),
+    (Evidence(poll_failure=None), Verdict.UNCHECKED, "no canary has run yet"),
+    (Evidence(poll_failure=None, endpoints=[ok(), EndpointEvidence("completion", None)]), Verdict.UNCHECKED,
+     "completion: no canary yet"),
+    # A failing endpoint outranks unproven and clean: nothing is clean unless every endpoint was checked.
+    (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(), failed("completion", REAL)]), Verdict.UNCHECKED,
+     "completion: timeout"),
+    (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(), ok("completion")]), Verdict.UNPROVEN, "/slots says"),
+    (Evidence(poll_failure=None, speculation_slots=False, speculation_props=True, endpoints=[ok()]), Verdict.UNPROVEN,
+     "/props says"),
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.CLEAN, "real"),
+    (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(tally=DRAFTED_REAL), ok("completion")]), Verdict.CLEAN,
+     "drafted and still returned real logprobs"),
+    (Evidence(poll_failure=None, speculation_slots=False, endpoints=[ok(), ok("completion")]), Verdict.CLEAN,
+     "every token carries its alternatives"),
+]
+
+
+@pytest.mark.parametrize(("evidence", "verdict", "phrase"), TABLE)
+def test_decide_by_precedence(evidence: Evidence, verdict: Verdict, phrase: str) -> None:
+    decision = decide(evidence)
+    assert decision.verdict is verdict
+    assert phrase in decision.summary
+
+
+def test_the_table_reaches_every_verdict() -> None:
+    assert {row[1] for row in TABLE} == set(Verdict)
+
+
+def test_exit_codes_and_severity() -> None:
+    assert {v: v.exit_code for v in Verdict} == {Verdict.CLEAN: 0, Verdict.FILL_INS: 1, Verdict.UNPROVEN: 1,
+                                                 Verdict.UNCHECKED: 2}
+    assert SEVERITY[0] is Verdict.FILL_INS and SEVERITY[-1] is Verdict.CLEAN and set(SEVERITY) == set(Verdict)
+
+
+def test_worst_names_the_one_that_decided() -> None:
+    decisions = [("a", Decision(Verdict.CLEAN, "x")), ("b", Decision(Verdict.UNCHECKED, "y")),
+                 ("c", Decision(Verdict.FILL_INS, "z"))]
+    assert worst(decisions) == ("c", decisions[2][1])
+    assert worst(decisions[:2]) == ("b", decisions[1][1])
+    with pytest.raises(ValueError, match="matched nothing"):
+        worst([])
+    assert NOTHING_LOADED.verdict is Verdict.UNCHECKED
+
+
+async def _verdict_of(make_watcher, fake: FakeLlama) -> tuple[Verdict, dict]:
+    watcher = make_watcher({"srv": fake}, canary_tokens=8)
+    await watcher.poll("srv")
+    await watcher.canary("srv")
+    model = watcher.fleet.get("srv").model()
+    return model.decision.verdict, parse(exposition(watcher.fleet))
+
+
+async def test_a_props_that_tells_the_truth_is_no_contradiction_and_the_canaries_still_decide(make_watcher) -> None:
+    for fake, verdict in ((FakeLlama.draft(tokens=8, props_types="draft-simple"), Verdict.FILL_INS),
+                          (FakeLlama.future_fixed(tokens=8, props_types="draft-simple"), Verdict.CLEAN),
+                          (FakeLlama(speculative=True, drafts=0, tokens=8, props_types="ngram-mod"), Verdict.UNPROVEN)):
+        found, samples = await _verdict_of(make_watcher, fake)
+        assert found is verdict, fake
+        assert value(samples, "specwatch_speculation_contradiction", server="srv") == 0
+        assert value(samples, "specwatch_speculation_enabled", server="srv", source="props") == 1
+        assert value(samples, "specwatch_speculation_enabled", server="srv", source="slots") == 1
+
+
+async def test_props_alone_saying_speculation_is_on_makes_a_quiet_server_unproven(make_watcher) -> None:
+    """/slots off (--no-slots) and /props truthful: a canary without drafting proves nothing."""
+    found, samples = await _verdict_of(make_watcher, FakeLlama(speculative=True, drafts=None, tokens=8, props_types="draft-simple",
+                                                               slots_enabled=False))
+    assert found is Verdict.UNPROVEN
+    assert value(samples, "specwatch_speculation_enabled", server="srv", source="slots") is None
+
+
+async def test_a_build_that_drops_draft_n_leaves_a_speculating_server_without_fill_ins_unproven(make_watcher) -> None:
+    found, _ = await _verdict_of(make_watcher, FakeLlama(speculative=True, fill_ins=set(), drafts=None, tokens=8))
+    assert found is Verdict.UNPROVEN
+    # And with fill-ins, no draft count is needed: the fill-ins are the proof.
+    found, _ = await _verdict_of(make_watcher, FakeLlama(speculative=True, fill_ins={2, 3}, drafts=None, tokens=8))
+    assert found is Verdict.FILL_INS
+
+
+async def test_a_build_that_marks_its_placeholders_serves_fill_ins(make_watcher) -> None:
+    fake = FakeLlama(speculative=True, fill_ins={2, 4}, drafts=6, tokens=8, placeholder_field="placeholder",
+                     fill_in_alternatives=True)
+    found, _ = await _verdict_of(make_watcher, fake)
+    assert found is Verdict.FILL_INS
