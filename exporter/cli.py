@@ -58,11 +58,15 @@ exit status:
   0  logprobs are real: every token after the first carries its alternatives
   1  the server serves fill-in logprobs, or speculates (per /slots) without the canary
      proving its logprobs real: do not score
-  2  could not check: unreachable, unauthorised, no logprobs in the answer, ...
+  2  could not check: unreachable, unauthorised, no logprobs in the answer, ...; with
+     --exporter also: the exporter cannot be asked, nothing matches the selection, or a
+     selected verdict is stale (not confirmed by a canary within its bound)
   64 command-line usage error: unknown option, a URL that is not a server's root URL,
      an API key file that cannot be read, ... (nothing was checked)
 
 Run it before scoring an eval:  specwatch check http://127.0.0.1:8080 && python score.py
+Behind a load balancer, ask the daemon that watches every replica instead of canarying
+whichever replica answers:      specwatch check --exporter http://specwatch:9824 --label pool=eval
 """
 
 
@@ -79,6 +83,13 @@ def _duration(text: str) -> float:
         return parse_timeout(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} must look like KEY=VALUE, e.g. pool=eval")
+    return key.strip(), value
 
 
 def _tokens(text: str) -> int:
@@ -137,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG_CHECK,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("url", help="the llama-server base URL, e.g. http://127.0.0.1:8080")
+    check.add_argument("url", nargs="?", help="the llama-server base URL, e.g. http://127.0.0.1:8080 (or use --exporter)")
     check.add_argument(
         "--api-key-file", type=Path, metavar="FILE", help="file holding the server's API key (sent as a Bearer token)"
     )
@@ -153,12 +164,26 @@ def _parser() -> argparse.ArgumentParser:
         "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
         help="endpoint to check (repeatable; default: all)",
     )
-    check.add_argument("--tokens", type=_tokens, default=48, help="tokens per canary, 4 to 512 (default 48)")
+    check.add_argument("--tokens", type=_tokens, default=DEFAULT_TOKENS,
+                       help=f"tokens per canary, 4 to 512 (default {DEFAULT_TOKENS})")
     check.add_argument(
         "--timeout", type=_duration, default=60.0, metavar="DURATION",
         help="per request, e.g. 30s, 2m, 1m30s or a number of seconds (default 60s)",
     )
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
+    ask = check.add_argument_group(
+        "asking a running specwatch instead (sends no canary; for servers behind a load balancer, see the README)")
+    ask.add_argument("--exporter", action="append", metavar="URL", dest="exporters",
+                     help="a specwatch daemon's URL, e.g. http://specwatch:9824 (repeatable: shards and replicas)")
+    ask.add_argument("--server", action="append", metavar="NAME", dest="servers", default=[],
+                     help="a server the eval reads from, by its configured name (repeatable: any of them)")
+    ask.add_argument("--label", action="append", metavar="KEY=VALUE", dest="labels", type=_label, default=[],
+                     help="select servers by label, static or discovered (repeatable: all must match)")
+    ask.add_argument("--exporter-username", metavar="USER", help="basic auth user of the exporter's --web-config")
+    ask.add_argument("--exporter-password-file", type=Path, metavar="FILE", help="file holding that user's password")
+    ask.add_argument("--exporter-ca-file", type=Path, metavar="FILE", help="CA that signed the exporter's TLS certificate")
+    ask.add_argument("--exporter-cert-file", type=Path, metavar="FILE", help="client certificate, when the exporter asks")
+    ask.add_argument("--exporter-key-file", type=Path, metavar="FILE", help="its key")
 
     demo = commands.add_parser(
         "demo",
@@ -277,8 +302,52 @@ def _check(args: argparse.Namespace) -> int:
         structlog.configure(**previous)
 
 
+DEFAULT_TOKENS = 48
+# Each flag that only one way of checking takes: its destination, its spelling and its default.
+CANARY_ONLY = {"api_key_file": ("--api-key-file", None), "api_key_env": ("--api-key-env", None), "load": ("--load", False),
+               "endpoints": ("--endpoint", None), "tokens": ("--tokens", DEFAULT_TOKENS)}
+EXPORTER_ONLY = {"servers": ("--server", []), "labels": ("--label", []), "exporter_username": ("--exporter-username", None),
+                 "exporter_password_file": ("--exporter-password-file", None),
+                 "exporter_ca_file": ("--exporter-ca-file", None), "exporter_cert_file": ("--exporter-cert-file", None),
+                 "exporter_key_file": ("--exporter-key-file", None)}
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with how check was called, in words: the URL and --exporter exclude each other, and their flags."""
+    if bool(args.url) == bool(args.exporters):
+        return "give a server's URL to canary it, or --exporter URL to ask a running specwatch (one of the two)"
+    given = CANARY_ONLY if args.exporters else EXPORTER_ONLY
+    wrong = [flag for key, (flag, default) in given.items() if getattr(args, key) != default]
+    if wrong:
+        mode = "--exporter sends no canary" if args.exporters else "they select what --exporter reports"
+        return f"{', '.join(wrong)} cannot be used {'with' if args.exporters else 'without'} --exporter: {mode}"
+    if args.exporter_key_file and not args.exporter_cert_file:
+        return "--exporter-key-file needs --exporter-cert-file"
+    if args.exporter_password_file and not args.exporter_username:
+        return "--exporter-password-file needs --exporter-username"
+    return None
+
+
+def _asked(args: argparse.Namespace) -> int:
+    from exporter.ask import Exporter, ask
+    from exporter.ask import render_text as render_asked
+
+    exporters = [Exporter(url, args.exporter_username, args.exporter_password_file, args.exporter_ca_file,
+                          args.exporter_cert_file, args.exporter_key_file) for url in args.exporters]
+    report = asyncio.run(ask(exporters, servers=args.servers, labels=args.labels, model=args.model, timeout=args.timeout))
+    print(json.dumps(report.as_json(), indent=2) if args.json else render_asked(report))
+    return report.exit_code
+
+
 def _checked(args: argparse.Namespace) -> int:
     from exporter.check import render_text, run_check
+
+    problem = _usage_problem(args)
+    if problem is not None:
+        print(f"specwatch check: {problem}", file=sys.stderr)
+        return EX_USAGE
+    if args.exporters:
+        return _asked(args)
 
     try:
         server = ServerConfig(

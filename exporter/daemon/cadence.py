@@ -76,3 +76,15 @@ def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT
     if failing:
         picks.append(max(failing, key=age))
     return Round(tuple(picks), full=False, rotation=rotation) if picks else None
+
+
+def freshness_bound(model: ModelState, *, poll_interval: float, interval: float, timeout: float,
+                    tokens: int = DEFAULT_TOKENS, tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> float:
+    """How old the oldest endpoint's last successful canary may be before a verdict resting on it is stale.
+
+    Each endpoint is confirmed once per rotation (spacing x endpoints), at a poll (up to poll_interval late), within
+    the canary's timeout; one spacing more allows a failed canary its retry. A verdict older than this was not
+    confirmed when it should have been: the daemon is behind, or the server stopped answering canaries.
+    """
+    every = spacing(model, interval=interval, tokens=tokens, tokens_speculating=tokens_speculating)
+    return every * (len(model.endpoints) + 1) + poll_interval + timeout

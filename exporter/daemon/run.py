@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from exporter import __version__
-from exporter.daemon import landing, memory
+from exporter.daemon import api, landing, memory
 from exporter.daemon.discovery import Discovery, SourceStatus, targets_out
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.exposition.serve import Exposition
@@ -117,6 +117,7 @@ class Daemon:
             reload=self.reload_from_thread,
             authorise=authorise,
             sd=self.sd,
+            verdicts=self.verdicts,
         )
 
     def landing_page(self) -> str:
@@ -126,6 +127,10 @@ class Daemon:
     def sd(self, verdict: str | None) -> list[dict[str, Any]]:
         """GET /sd: the watched llama-servers as Prometheus http_sd target groups."""
         return targets_out(self.fleet.snapshot(), verdict)
+
+    def verdicts(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        """GET /api/v1/verdicts: the selected servers' verdicts, ages and freshness."""
+        return api.verdicts(self.fleet.snapshot(), self.settings, api.parse_selection(query), time.time())
 
     async def reload(self) -> str | None:
         """Load the config again; a bad one is refused and the running one stays. Returns the error, if any."""

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 9824
 VERDICTS = tuple(v.value for v in Verdict)
+VERDICTS_PATH = "/api/v1/verdicts"
 OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
 """Answered without credentials: they reveal nothing, and liveness probes (Docker, Kubernetes) send none."""
 MAX_REQUEST_BODY = 64 * 1024
@@ -101,6 +102,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(400, f"verdict must be one of {', '.join(VERDICTS)}\n".encode())
                 return
             self._send(200, json.dumps(app.sd(verdict), separators=(",", ":")).encode(), "application/json")
+        elif path == VERDICTS_PATH and app.verdicts is not None:
+            try:
+                document = app.verdicts(parse_qs(urlsplit(self.path).query, keep_blank_values=True))
+            except ValueError as err:
+                self._send(400, f"{err}\n".encode())
+                return
+            self._send(200, json.dumps(document, separators=(",", ":")).encode(), "application/json")
         elif path == "/-/healthy":
             self._send(200, b"OK\n")
         elif path == "/-/ready":
@@ -158,6 +166,7 @@ class WebApp:
         headers: dict[str, str] | None = None,
         admit: Callable[[socket.socket], bool] | None = None,
         sd: Callable[[str | None], list[dict[str, object]]] | None = None,
+        verdicts: Callable[[dict[str, list[str]]], dict[str, object]] | None = None,
     ) -> None:
         self.metrics = metrics
         """The answer to a scrape, given its Accept and Accept-Encoding headers."""
@@ -175,6 +184,8 @@ class WebApp:
         """Decides, once per connection, whether its client may talk at all (client_allowed_sans)."""
         self.sd = sd
         """GET /sd: the watched targets as Prometheus http_sd groups, optionally only those of one verdict."""
+        self.verdicts = verdicts
+        """GET /api/v1/verdicts: the watched servers' verdicts, given the query's selection; ValueError for a bad one."""
         self._httpd: _WebServer | None = None
 
     def start(self, host: str, port: int, wrap_socket: Callable | None = None) -> tuple[str, int]:

@@ -1,0 +1,218 @@
+"""`specwatch check --exporter`: the verdicts a running specwatch holds for what an eval will read; it sends no canary."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+
+from exporter.probe.fetch import Fetcher, new_client
+from exporter.reasons import ProbeFailure
+from exporter.verdict import NOTHING_LOADED, SEVERITY, Decision, Verdict, worst
+
+VERDICTS_PATH = "/api/v1/verdicts"
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """How to reach one specwatch: its URL and the credentials its --web-config asks for."""
+
+    url: str
+    username: str | None = None
+    password_file: Path | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def headers(self) -> dict[str, str]:
+        if self.username is None:
+            return {}
+        password = self.password_file.read_text(encoding="utf-8").strip() if self.password_file else ""
+        token = base64.b64encode(f"{self.username}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    def verify(self) -> bool | ssl.SSLContext:
+        """Trust the system's CAs, or the exporter's own CA; present a client certificate when given one."""
+        if self.ca_file is None and self.cert_file is None:
+            return True
+        context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.cert_file is not None:
+            context.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+        return context
+
+
+@dataclass
+class ModelVerdict:
+    server: str
+    model: str
+    verdict: str
+    summary: str
+    fresh: bool
+    age_seconds: float | None
+    max_age_seconds: float | None
+    labels: dict[str, str] = field(default_factory=dict)
+    exporter: str = ""
+    endpoints: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class AskReport:
+    """The same top-level keys as `specwatch check --json` (verdict, exit_code, summary), then what decided them."""
+
+    verdict: str = Verdict.UNCHECKED.value
+    exit_code: int = Verdict.UNCHECKED.exit_code
+    summary: str = ""
+    exporters: list[str] = field(default_factory=list)
+    selection: dict[str, Any] = field(default_factory=dict)
+    models: list[ModelVerdict] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ExporterUnreachable(Exception):
+    """An exporter could not be asked: refused, unauthorised, not a specwatch, a bad answer."""
+
+
+def _query(servers: list[str], labels: list[tuple[str, str]], model: str | None) -> str:
+    pairs = [("server", s) for s in servers] + [("label", f"{k}={v}") for k, v in labels]
+    if model is not None:
+        pairs.append(("model", model))
+    return f"?{urlencode(pairs)}" if pairs else ""
+
+
+async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float) -> dict[str, Any]:
+    url = exporter.url.rstrip("/") + VERDICTS_PATH + query
+    try:
+        headers = exporter.headers()
+    except OSError as err:
+        raise ExporterUnreachable(f"cannot read the password file for {exporter.url}: {err.strerror or err}") from None
+    try:
+        document = await fetcher.get_json(url, headers=headers, timeout=timeout)
+    except ProbeFailure as failure:
+        hint = {
+            "unauthorized": "the exporter refused the credentials: give --exporter-username and --exporter-password-file "
+                            "as its --web-config's basic_auth_users expects",
+            "not_found": f"no {VERDICTS_PATH} there: not a specwatch exporter, or one older than this check",
+            "client_error": "the exporter refused the selection",
+            "tls": "TLS failed: give the exporter's CA with --exporter-ca-file (or its client certificate)",
+        }.get(failure.reason.value, "")
+        message = f"cannot ask the exporter at {exporter.url}: {failure}"
+        raise ExporterUnreachable(message + (f"; {hint}" if hint else "")) from None
+    if not isinstance(document, dict) or document.get("api") != "v1" or not isinstance(document.get("servers"), list):
+        raise ExporterUnreachable(f"{exporter.url} answered {VERDICTS_PATH} with something that is not a v1 verdicts document")
+    return document
+
+
+def _effective(entry: dict[str, Any]) -> Decision:
+    """A model's verdict as a gate may use it: a stale clean (or unproven) is not clean, it is unchecked."""
+    verdict = Verdict(entry["verdict"])
+    if entry.get("fresh") or verdict is Verdict.FILL_INS:
+        return Decision(verdict, entry["summary"])
+    age, bound = entry.get("age_seconds"), entry.get("max_age_seconds")
+    poll_age, poll_bound = entry.get("poll_age_seconds"), entry.get("max_poll_age_seconds")
+    if poll_age is None or (poll_bound is not None and poll_age > poll_bound):
+        why = "the exporter has no recent poll of it" if poll_age is None else \
+            f"the exporter's last good poll of it is {poll_age:.0f}s old (more than {poll_bound:.0f}s)"
+    elif age is None:
+        why = "not every endpoint has a successful canary yet"
+    else:
+        why = f"its canaries last confirmed it {age:.0f}s ago, more than its {bound:.0f}s bound"
+    return Decision(Verdict.UNCHECKED, f"stale: {why} (was {verdict.value}: {entry['summary']})")
+
+
+def _candidates(document: dict[str, Any], exporter: str, model: str | None) -> list[ModelVerdict]:
+    found = []
+    for server in document["servers"]:
+        router = bool(server.get("router"))
+        for entry in server.get("models", []):
+            # As `specwatch check` on a router: without --model, the loaded models are what an eval can reach.
+            if router and model is None and entry.get("status") != "loaded":
+                continue
+            decision = _effective(entry)
+            found.append(ModelVerdict(
+                server=server["server"], model=entry.get("key") or "", verdict=decision.verdict.value,
+                summary=decision.summary, fresh=bool(entry.get("fresh")), age_seconds=entry.get("age_seconds"),
+                max_age_seconds=entry.get("max_age_seconds"), labels=server.get("labels", {}), exporter=exporter,
+                endpoints=entry.get("endpoints", []),
+            ))
+    return found
+
+
+def _rank(found: ModelVerdict) -> tuple[bool, int]:
+    """Fresh beats stale; then the worse verdict wins."""
+    return found.fresh, -SEVERITY.index(Verdict(found.verdict))
+
+
+def _merged(candidates: list[ModelVerdict]) -> list[ModelVerdict]:
+    """One entry per server and model: replicas that watch the same one (HA) agree, or the fresher, worse one counts."""
+    best: dict[tuple[str, str], ModelVerdict] = {}
+    for found in candidates:
+        key = (found.server, found.model)
+        held = best.get(key)
+        if held is None or _rank(found) > _rank(held):
+            best[key] = found
+    return list(best.values())
+
+
+async def ask(
+    exporters: list[Exporter], *, servers: list[str], labels: list[tuple[str, str]], model: str | None, timeout: float,
+    client: httpx.AsyncClient | None = None,
+) -> AskReport:
+    """The worst verdict of the selection across every exporter; unchecked when an exporter cannot be asked."""
+    report = AskReport(exporters=[e.url for e in exporters],
+                       selection={"servers": servers, "labels": dict(labels), "model": model})
+    query = _query(servers, labels, model)
+    candidates: list[ModelVerdict] = []
+    watched = 0
+    for exporter in exporters:
+        try:
+            if client is not None:
+                document = await _document(Fetcher(client, MAX_DOCUMENT_BYTES), exporter, query, timeout)
+            else:
+                async with new_client(verify=exporter.verify()) as http:
+                    document = await _document(Fetcher(http, MAX_DOCUMENT_BYTES), exporter, query, timeout)
+        except (ExporterUnreachable, ssl.SSLError, OSError) as err:
+            message = str(err) if isinstance(err, ExporterUnreachable) else f"cannot use the TLS files for {exporter.url}: {err}"
+            return _decided(report, Decision(Verdict.UNCHECKED, message))
+        watched += len(document["servers"])
+        candidates += _candidates(document, exporter.url, model)
+    report.models = sorted(_merged(candidates), key=lambda m: (SEVERITY.index(Verdict(m.verdict)), m.server, m.model))
+    if not report.models:
+        if watched:
+            return _decided(report, NOTHING_LOADED)
+        selected = _describe(report.selection)
+        return _decided(report, Decision(Verdict.UNCHECKED, f"nothing the exporter(s) watch matches the selection ({selected})"))
+    name, decision = worst((f"{m.server}" + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary))
+                           for m in report.models)
+    count = len(report.models)
+    if count > 1:
+        decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {count} selected)")
+    return _decided(report, decision)
+
+
+def _describe(selection: dict[str, Any]) -> str:
+    parts = [f"server={s}" for s in selection["servers"]] + [f"label={k}={v}" for k, v in selection["labels"].items()]
+    if selection["model"]:
+        parts.append(f"model={selection['model']}")
+    return ", ".join(parts) or "everything"
+
+
+def _decided(report: AskReport, decision: Decision) -> AskReport:
+    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
+    return report
+
+
+def render_text(report: AskReport) -> str:
+    lines = [f"{report.verdict.upper()}: {report.summary}"]
+    for m in report.models:
+        name = m.server + (f" model {m.model}" if m.model else "")
+        age = "never confirmed" if m.age_seconds is None else f"confirmed {m.age_seconds:.0f}s ago"
+        lines.append(f"  {name}: {m.verdict.upper()} ({age}): {m.summary}")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""GET /api/v1/verdicts: what the daemon knows of each watched server and model, for `specwatch check --exporter`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from exporter import __version__
+from exporter.daemon.cadence import freshness_bound
+from exporter.probe.llama import names_of
+from exporter.report import model_report
+from exporter.settings import Settings
+from exporter.state import ModelState, ServerState
+from exporter.verdict import Verdict
+
+POLL_STALE_INTERVALS = 3
+"""A model whose last good poll is older than this many poll_intervals is not being watched: its verdict is stale."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What an eval will read: servers by name (any of them), labels (all must match), a router model."""
+
+    servers: frozenset[str] = frozenset()
+    labels: tuple[tuple[str, str], ...] = ()
+    model: str | None = None
+
+    def matches(self, state: ServerState) -> bool:
+        config = state.config
+        if self.servers and config.name not in self.servers:
+            return False
+        return all(config.labels.get(key) == value for key, value in self.labels)
+
+    def model_matches(self, key: str, model: ModelState) -> bool:
+        if self.model is None:
+            return True
+        if key:
+            return key == self.model
+        reported = model.poll.props.model if model.poll is not None else ""
+        return self.model in names_of(reported)
+
+
+def parse_selection(query: Mapping[str, Sequence[str]]) -> Selection:
+    """The selection from a query string (server=, label=KEY=VALUE, model=); raises ValueError saying what is wrong."""
+    unknown = sorted(set(query) - {"server", "label", "model"})
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)}: use server=NAME, label=KEY=VALUE, model=ID")
+    labels = []
+    for item in query.get("label", ()):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"label {item!r} must look like KEY=VALUE")
+        labels.append((key, value))
+    models = query.get("model", ())
+    if len(models) > 1:
+        raise ValueError("model= may be given once")
+    return Selection(frozenset(query.get("server", ())), tuple(labels), models[0] if models else None)
+
+
+def _model_entry(key: str, model: ModelState, state: ServerState, settings: Settings, now: float) -> dict[str, Any]:
+    report = model_report(key, model)
+    successes = [c.last_success_timestamp for c in model.canaries.values() if c.last_success_timestamp is not None]
+    confirmed = min(successes) if len(successes) == len(model.endpoints) and successes else None
+    bound = freshness_bound(
+        model, poll_interval=settings.poll_interval, interval=settings.canary_interval,
+        timeout=settings.timeout_for(state.config, canary=True), tokens=settings.canary_tokens,
+        tokens_speculating=settings.canary_tokens_speculating,
+    )
+    polled = state.last_poll_success_timestamp
+    poll_age = None if polled is None else max(0.0, now - polled)
+    age = None if confirmed is None else max(0.0, now - confirmed)
+    stale_poll = poll_age is None or poll_age > POLL_STALE_INTERVALS * settings.poll_interval
+    fresh = not stale_poll and age is not None and age <= bound
+    entry = asdict(report)
+    for endpoint in entry["endpoints"]:
+        canary = next((c for e, c in model.canaries.items() if e.value == endpoint["endpoint"]), None)
+        endpoint["age_seconds"] = (None if canary is None or canary.last_success_timestamp is None
+                                   else round(max(0.0, now - canary.last_success_timestamp), 3))
+    entry.update(
+        key=key,
+        age_seconds=None if age is None else round(age, 3),
+        poll_age_seconds=None if poll_age is None else round(poll_age, 3),
+        max_age_seconds=round(bound, 3),
+        max_poll_age_seconds=POLL_STALE_INTERVALS * settings.poll_interval,
+        fresh=fresh,
+    )
+    return entry
+
+
+def verdicts(states: Iterable[ServerState], settings: Settings, selection: Selection, now: float) -> dict[str, Any]:
+    """The document GET /api/v1/verdicts answers: every selected server with each of its selected models."""
+    servers = []
+    for state in states:
+        if not selection.matches(state):
+            continue
+        models = [_model_entry(key, model, state, settings, now) for key, model in state.models.items()
+                  if selection.model_matches(key, model)]
+        if not models:
+            continue
+        servers.append({
+            "server": state.config.name, "url": state.config.url, "labels": dict(state.config.labels),
+            "router": bool(state.router), "up": state.poll_success, "models": models,
+        })
+    return {
+        "api": "v1", "specwatch": __version__, "generated_at": round(now, 3),
+        "poll_interval_seconds": settings.poll_interval, "canary_interval_seconds": settings.canary_interval,
+        "verdicts": [v.value for v in Verdict], "servers": servers,
+    }

@@ -1,0 +1,202 @@
+"""`specwatch check --exporter`: the daemon's verdicts API and the gate that asks it, on fake fleets over real HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from exporter.ask import Exporter, ask
+from exporter.cli import main
+from exporter.daemon import api
+from exporter.daemon.web import WebApp
+from exporter.probe.canary import Endpoint
+from tests.support.wire import FakeLlama, FakeRouter
+
+
+class Served:
+    """A watcher's fleet behind the daemon's verdicts endpoint, on a loopback port."""
+
+    def __init__(self, watcher, clock, **app_kw) -> None:
+        self.watcher, self.clock = watcher, clock
+        self.app = WebApp(lambda a, e: None, page=lambda: "", reload=lambda: None, verdicts=self.verdicts, **app_kw)  # type: ignore[arg-type]
+        host, port = self.app.start("127.0.0.1", 0)
+        self.url = f"http://{host}:{port}"
+
+    def verdicts(self, query: dict[str, list[str]]) -> dict:
+        return api.verdicts(self.watcher.fleet.snapshot(), self.watcher.settings, api.parse_selection(query), self.clock())
+
+
+@pytest.fixture
+async def fleet(make_watcher, clock) -> Iterator[Served]:
+    fakes = {"eval-a": FakeLlama.plain(tokens=8), "eval-b": FakeLlama.draft(tokens=8), "serve-a": FakeLlama.plain(tokens=8),
+             "router": FakeRouter(models={"qwen": FakeLlama.plain(tokens=8), "cold": FakeLlama.plain(tokens=8)},
+                                  status={"qwen": "loaded"})}
+    servers = [{"name": "eval-a", "url": "http://eval-a:8080", "labels": {"pool": "eval", "zone": "x"}},
+               {"name": "eval-b", "url": "http://eval-b:8080", "labels": {"pool": "eval", "zone": "y"}},
+               {"name": "serve-a", "url": "http://serve-a:8080", "labels": {"pool": "serve"}},
+               {"name": "router", "url": "http://router:8080", "labels": {"pool": "routers"}}]
+    watcher = make_watcher(fakes, servers=servers, canary_tokens=8)
+    for name in fakes:
+        await watcher.poll(name)
+        for key in watcher.fleet.get(name).models:
+            await watcher.canary(name, key)
+    served = Served(watcher, clock)
+    yield served
+    served.app.stop()
+
+
+async def _ask(served: Served, **kw):
+    return await ask([Exporter(served.url)], servers=kw.pop("servers", []), labels=kw.pop("labels", []),
+                     model=kw.pop("model", None), timeout=5, **kw)
+
+
+async def test_a_pool_with_one_speculating_member_is_refused(fleet: Served) -> None:
+    report = await _ask(fleet, labels=[("pool", "eval")])
+    assert (report.verdict, report.exit_code) == ("fill_ins", 1)
+    assert report.summary.startswith("eval-b: ") and "worst of 2 selected" in report.summary
+    assert [m.server for m in report.models] == ["eval-b", "eval-a"]
+
+
+@pytest.mark.parametrize(("selection", "verdict", "servers"), [
+    ({"servers": ["eval-a"]}, "clean", ["eval-a"]),
+    ({"servers": ["eval-a", "serve-a"]}, "clean", ["eval-a", "serve-a"]),
+    ({"labels": [("pool", "eval"), ("zone", "x")]}, "clean", ["eval-a"]),
+    ({"servers": ["eval-b"], "labels": [("pool", "eval")]}, "fill_ins", ["eval-b"]),
+    ({"labels": [("pool", "serve")]}, "clean", ["serve-a"]),
+    ({"labels": [("pool", "routers")]}, "clean", ["router"]),
+    ({"labels": [("pool", "routers")], "model": "qwen"}, "clean", ["router"]),
+    # A model that is not loaded, asked for by name: unchecked (nothing loads it), as `specwatch check --model`.
+    ({"servers": ["router"], "model": "cold"}, "unchecked", ["router"]),
+])
+async def test_selections(fleet: Served, selection: dict, verdict: str, servers: list[str]) -> None:
+    report = await _ask(fleet, **selection)
+    assert report.verdict == verdict, report.summary
+    assert sorted(m.server for m in report.models) == sorted(servers)
+
+
+@pytest.mark.parametrize("selection", [{"servers": ["nope"]}, {"labels": [("pool", "nope")]}, {"model": "nope"},
+                                       {"labels": [("pool", "eval"), ("zone", "z")]}])
+async def test_nothing_matching_is_unchecked(fleet: Served, selection: dict) -> None:
+    report = await _ask(fleet, **selection)
+    assert (report.verdict, report.exit_code) == ("unchecked", 2)
+    assert "nothing the exporter(s) watch matches the selection" in report.summary
+
+
+async def test_a_stale_clean_is_not_clean(fleet: Served, clock) -> None:
+    document = fleet.verdicts({"server": ["eval-a"]})
+    bound = document["servers"][0]["models"][0]["max_age_seconds"]
+    clock.advance(60)  # polls keep coming, the canaries stop
+    await fleet.watcher.poll("eval-a")
+    assert (await _ask(fleet, servers=["eval-a"])).verdict == "clean"
+    clock.advance(bound)
+    await fleet.watcher.poll("eval-a")
+    report = await _ask(fleet, servers=["eval-a"])
+    assert (report.verdict, report.exit_code) == ("unchecked", 2)
+    assert "stale: its canaries last confirmed it" in report.summary and "was clean" in report.summary
+    # A stale fill-in stays a fill-in: proof does not expire into doubt.
+    clock.advance(10)
+    await fleet.watcher.poll("eval-b")
+    assert (await _ask(fleet, servers=["eval-b"])).verdict == "fill_ins"
+
+
+async def test_a_daemon_that_stopped_polling_is_stale(fleet: Served, clock) -> None:
+    clock.advance(3 * 15 + 1)
+    report = await _ask(fleet, servers=["eval-a"])
+    assert report.verdict == "unchecked" and "last good poll of it is 46s old" in report.summary
+
+
+async def test_the_api_document(fleet: Served) -> None:
+    document = httpx.get(f"{fleet.url}/api/v1/verdicts", params={"label": "pool=eval"}).json()
+    assert (document["api"], [s["server"] for s in document["servers"]]) == ("v1", ["eval-a", "eval-b"])
+    model = document["servers"][1]["models"][0]
+    assert (model["verdict"], model["fresh"], model["key"]) == ("fill_ins", True, "")
+    assert {e["endpoint"] for e in model["endpoints"]} == {e.value for e in Endpoint}
+    assert all(e["age_seconds"] == 0 and e["fill_ins"] == 7 and e["tokens"] == 8 for e in model["endpoints"])
+    bad = httpx.get(f"{fleet.url}/api/v1/verdicts", params={"label": "pool"})
+    assert bad.status_code == 400 and "KEY=VALUE" in bad.text
+    assert httpx.get(f"{fleet.url}/api/v1/verdicts", params={"colour": "red"}).status_code == 400
+
+
+async def test_an_exporter_that_cannot_be_asked_is_unchecked(fleet: Served) -> None:
+    from tests.support.net import refused_url
+
+    down = await ask([Exporter(refused_url())], servers=[], labels=[], model=None, timeout=2)
+    assert (down.verdict, down.exit_code) == ("unchecked", 2) and "cannot ask the exporter" in down.summary
+    not_specwatch = await ask([Exporter(fleet.url + "/nope")], servers=[], labels=[], model=None, timeout=2)
+    assert "not_found" in not_specwatch.summary and "not a specwatch exporter" in not_specwatch.summary
+
+
+async def test_basic_auth_on_the_exporter(make_watcher, clock, tmp_path: Path) -> None:
+    import bcrypt
+
+    from exporter.daemon.websecurity import load_web_config
+
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  gate: {bcrypt.hashpw(b'gate-secret', bcrypt.gensalt(4)).decode()}\n")
+    security = load_web_config(config)
+    watcher = make_watcher({"a": FakeLlama.plain(tokens=8)}, canary_tokens=8)
+    await watcher.poll("a")
+    await watcher.canary("a")
+    served = Served(watcher, clock, authorise=security.authorise)
+    password = tmp_path / "password"
+    password.write_text("gate-secret\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope\n")
+    try:
+        refused = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2)
+        assert refused.verdict == "unchecked" and "refused the credentials" in refused.summary
+        assert (await ask([Exporter(served.url, "gate", wrong)], servers=[], labels=[], model=None, timeout=2)).exit_code == 2
+        allowed = await ask([Exporter(served.url, "gate", password)], servers=[], labels=[], model=None, timeout=2)
+        assert allowed.verdict == "clean"
+    finally:
+        served.app.stop()
+
+
+async def test_replicas_that_watch_the_same_server_count_once_and_fresh_wins(make_watcher, clock) -> None:
+    fresh_watcher = make_watcher({"a": FakeLlama.plain(tokens=8)}, canary_tokens=8)
+    stale_watcher = make_watcher({"a": FakeLlama.plain(tokens=8)}, canary_tokens=8)
+    for watcher in (fresh_watcher, stale_watcher):
+        await watcher.poll("a")
+        await watcher.canary("a")
+    clock.advance(60)
+    await fresh_watcher.poll("a")  # the other replica has not polled for a minute: stale
+    replicas = [Served(fresh_watcher, clock), Served(stale_watcher, clock)]
+    try:
+        report = await ask([Exporter(r.url) for r in replicas], servers=[], labels=[], model=None, timeout=2)
+        assert report.verdict == "clean" and len(report.models) == 1 and report.models[0].exporter == replicas[0].url
+    finally:
+        for served in replicas:
+            served.app.stop()
+
+
+def test_the_command_line(fleet: Served, capsys) -> None:
+    assert main(["check", "--exporter", fleet.url, "--label", "pool=serve"]) == 0
+    assert capsys.readouterr().out.startswith("CLEAN: ")
+    assert main(["check", "--exporter", fleet.url, "--label", "pool=eval", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["verdict"], out["exit_code"], out["selection"]["labels"]) == ("fill_ins", 1, {"pool": "eval"})
+    assert {m["server"] for m in out["models"]} == {"eval-a", "eval-b"}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["check"], "one of the two"),
+    (["check", "http://a:1", "--exporter", "http://b:2"], "one of the two"),
+    (["check", "--exporter", "http://b:2", "--tokens", "8"], "--tokens cannot be used with --exporter"),
+    (["check", "--exporter", "http://b:2", "--load"], "--load cannot be used with --exporter"),
+    (["check", "http://a:1", "--label", "pool=eval"], "--label cannot be used without --exporter"),
+    (["check", "http://a:1", "--server", "x"], "--server cannot be used without --exporter"),
+    (["check", "--exporter", "http://b:2", "--exporter-password-file", "/x"], "needs --exporter-username"),
+])
+def test_usage_errors(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 64
+    assert message in capsys.readouterr().err
+
+
+def test_a_label_without_a_value_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["check", "--exporter", "http://b:2", "--label", "pool"])
+    assert caught.value.code == 64 and "must look like KEY=VALUE" in capsys.readouterr().err
