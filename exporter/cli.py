@@ -344,7 +344,7 @@ def _checked(args: argparse.Namespace) -> int:
 
     problem = _usage_problem(args)
     if problem is not None:
-        print(f"specwatch check: {problem}", file=sys.stderr)
+        print(f"specwatch check: error: {problem}", file=sys.stderr)
         return EX_USAGE
     if args.exporters:
         return _asked(args)

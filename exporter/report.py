@@ -18,6 +18,8 @@ class EndpointReport:
     mean_logprob: float | None = None
     draft_n: int | None = None
     error: str | None = None
+    reason: str | None = None
+    """The closed-set reason of the last canary's failure (see the README), with `error` its detail."""
 
 
 @dataclass
@@ -34,8 +36,8 @@ class ModelReport:
     endpoints: list[EndpointReport] = field(default_factory=list)
 
 
-def endpoint_report(endpoint: str, tally: Tally | None, error: str | None) -> EndpointReport:
-    entry = EndpointReport(endpoint=endpoint, error=error)
+def endpoint_report(endpoint: str, tally: Tally | None, error: str | None, reason: str | None = None) -> EndpointReport:
+    entry = EndpointReport(endpoint=endpoint, error=error, reason=reason)
     if tally is not None:
         entry.tokens, entry.fill_ins, entry.draft_n = tally.tokens, tally.fill_ins, tally.draft_n
         entry.fill_in_ratio = round(tally.fill_in_ratio, 4)
@@ -53,7 +55,7 @@ def model_report(key: str, model: ModelState) -> ModelReport:
         report.speculation_props = poll.props.speculative
         report.speculation_slots = poll.slots.speculative if poll.slots is not None else None
         report.build = poll.props.build
-        evidence = model.evidence()
-        report.endpoints = [endpoint_report(e.endpoint, e.tally, e.failure) for e in evidence.endpoints
-                            if e.tally is not None or e.failure is not None]
+        reasons = {e.value: c.failure_reason.value for e, c in model.canaries.items() if c.failure_reason is not None}
+        report.endpoints = [endpoint_report(e.endpoint, e.tally, e.failure, reasons.get(e.endpoint))
+                            for e in model.evidence().endpoints if e.tally is not None or e.failure is not None]
     return report

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from exporter.probe.canary import Tally
+from exporter.probe.canary import TABLE, Endpoint, Tally
 
 
 class Verdict(StrEnum):
@@ -64,6 +64,18 @@ def _counts(tally: Tally) -> str:
     return f"{tally.fill_ins}/{tally.tokens - 1}"
 
 
+def _drafts_from(endpoint: str) -> int:
+    try:
+        return TABLE[Endpoint(endpoint)].drafts_from
+    except ValueError:
+        return max(spec.drafts_from for spec in TABLE.values())
+
+
+def _long_enough(evidence: EndpointEvidence) -> bool:
+    """Whether this canary was long enough that n-gram speculation, were it on, would have drafted."""
+    return evidence.tally is not None and evidence.tally.tokens >= _drafts_from(evidence.endpoint)
+
+
 def decide(evidence: Evidence) -> Decision:
     """The verdict, by precedence: not loaded or cannot poll, fill-ins seen, an endpoint unchecked, unproven, clean.
 
@@ -92,6 +104,13 @@ def decide(evidence: Evidence) -> Decision:
         why = "; ".join(f"{e.endpoint}: {e.failure or 'no canary yet'}" for e in unchecked)
         return Decision(Verdict.UNCHECKED, f"could not check every endpoint: {why}")
     drafted = any(e.tally is not None and e.tally.drafted for e in evidence.endpoints)
+    if evidence.speculation_slots is None and not drafted and not any(_long_enough(e) for e in evidence.endpoints):
+        needed = ", ".join(f"{e.endpoint} {_drafts_from(e.endpoint)}" for e in evidence.endpoints)
+        return Decision(
+            Verdict.UNPROVEN,
+            "speculation cannot be seen (/slots is off or not reachable) and every canary was too short to make n-gram "
+            f"speculation draft (tokens needed: {needed}), so its logprobs are not proven real; do not score",
+        )
     if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
         source = "/slots" if evidence.speculation_slots else "/props"
         return Decision(

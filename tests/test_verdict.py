@@ -11,6 +11,7 @@ from tests.support.wire import FakeLlama
 
 REAL = Tally(tokens=8, fill_ins=0, mean_logprob=-0.3, draft_n=None, draft_accepted=None)
 DRAFTED_REAL = Tally(tokens=8, fill_ins=0, mean_logprob=-0.3, draft_n=6, draft_accepted=5)
+LONG = Tally(tokens=48, fill_ins=0, mean_logprob=-0.3, draft_n=None, draft_accepted=None)
 FILLED = Tally(tokens=8, fill_ins=7, mean_logprob=-0.04, draft_n=8, draft_accepted=7)
 
 
@@ -45,7 +46,13 @@ TABLE = [
     (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(), ok("completion")]), Verdict.UNPROVEN, "/slots says"),
     (Evidence(poll_failure=None, speculation_slots=False, speculation_props=True, endpoints=[ok()]), Verdict.UNPROVEN,
      "/props says"),
-    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.CLEAN, "real"),
+    # Speculation unseen (/slots off, or a front end that hides it): a short canary that did not draft proves nothing.
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.UNPROVEN,
+     "too short"),
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=False, endpoints=[ok(tally=LONG), ok("chat_stream")]),
+     Verdict.CLEAN, "every token carries its alternatives"),
+    # 8 tokens make every n-gram type draft on the raw-prompt endpoints: one of them not drafting is enough.
+    (Evidence(poll_failure=None, speculation_slots=None, endpoints=[ok(), ok("v1_completion")]), Verdict.CLEAN, "real"),
     (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(tally=DRAFTED_REAL), ok("completion")]), Verdict.CLEAN,
      "drafted and still returned real logprobs"),
     (Evidence(poll_failure=None, speculation_slots=False, endpoints=[ok(), ok("completion")]), Verdict.CLEAN,

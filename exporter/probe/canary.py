@@ -21,6 +21,8 @@ REPEATED_LINE = "the cat sat on a mat"
 PROMPT_TEXT = " ".join([REPEATED_LINE] * 12) + " the cat"
 CHAT_INSTRUCTION = "Repeat the following line over and over, with nothing else: " + REPEATED_LINE
 MAX_COUNT = 1 << 40
+PROMPT_DRAFTS_FROM = 8
+CHAT_DRAFTS_FROM = 48
 
 
 class Endpoint(StrEnum):
@@ -74,6 +76,8 @@ class Tally:
     mean_logprob: float | None
     draft_n: int | None
     draft_accepted: int | None
+    model: str | None = None
+    """The model the answer says produced it, when it says."""
 
     @property
     def judged(self) -> int:
@@ -101,6 +105,10 @@ class EndpointSpec:
     """The request body for a canary of so many tokens (the probe adds `model` for routers)."""
     read: Callable[[Any], Reading]
     """Tokens from the answer: the parsed JSON body, or the list of parsed events when streaming."""
+    drafts_from: int
+    """A canary this long makes every n-gram type that is on draft here (where a draft model drafts from 3 tokens):
+    shorter and not drafting, it proves nothing where speculation cannot be seen. Measured on SmolLM2-135M-Instruct
+    and the tiny cycle model with bench/canary_tokens.py, with room to spare (see the README)."""
 
 
 def _common() -> dict[str, Any]:
@@ -328,17 +336,21 @@ def _completion_chunk(event: Any, where: str) -> tuple[Any, list[Token]]:
 TABLE: Mapping[Endpoint, EndpointSpec] = MappingProxyType({
     spec.endpoint: spec
     for spec in (
-        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), _read_choice),
-        EndpointSpec(Endpoint.CHAT_STREAM, "/v1/chat/completions", True, _chat_body(stream=True), _stream_reader(_chat_chunk)),
+        # The raw prompt repeats the line: every n-gram type drafts from 3 tokens. A chat wraps it in a template and the
+        # model's own words: ngram-mod needs 32 (SmolLM2-135M), 48 on Gemma 3 270M.
+        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), _read_choice, CHAT_DRAFTS_FROM),
+        EndpointSpec(Endpoint.CHAT_STREAM, "/v1/chat/completions", True, _chat_body(stream=True), _stream_reader(_chat_chunk),
+                     CHAT_DRAFTS_FROM),
         EndpointSpec(Endpoint.COMPLETION, "/completion", False, _completion_body(stream=False),
-                     _completion_reader(post_sampling=False)),
+                     _completion_reader(post_sampling=False), PROMPT_DRAFTS_FROM),
         EndpointSpec(Endpoint.COMPLETION_STREAM, "/completion", True, _completion_body(stream=True),
-                     _stream_reader(_completion_chunk)),
+                     _stream_reader(_completion_chunk), PROMPT_DRAFTS_FROM),
         EndpointSpec(Endpoint.COMPLETION_POST_SAMPLING, "/completion", False, _completion_body(stream=False, post_sampling=True),
-                     _completion_reader(post_sampling=True)),
-        EndpointSpec(Endpoint.V1_COMPLETION, "/v1/completions", False, _v1_completion_body(stream=False), _read_choice),
+                     _completion_reader(post_sampling=True), PROMPT_DRAFTS_FROM),
+        EndpointSpec(Endpoint.V1_COMPLETION, "/v1/completions", False, _v1_completion_body(stream=False), _read_choice,
+                     PROMPT_DRAFTS_FROM),
         EndpointSpec(Endpoint.V1_COMPLETION_STREAM, "/v1/completions", True, _v1_completion_body(stream=True),
-                     _stream_reader(_v1_completion_chunk)),
+                     _stream_reader(_v1_completion_chunk), PROMPT_DRAFTS_FROM),
     )
 })
 
@@ -363,4 +375,5 @@ def classify(reading: Reading) -> Tally:
         mean_logprob=sum(values) / len(values) if values else None,
         draft_n=reading.draft_n,
         draft_accepted=reading.draft_accepted,
+        model=reading.model,
     )
