@@ -12,7 +12,7 @@ from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.probe.probes import ModelPoll
 from exporter.reasons import ProbeFailure
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.verdict import SEVERITY, Decision, EndpointEvidence, Evidence, Verdict, decide
 
 ROUNDS = 2

@@ -12,8 +12,11 @@ from typing import NoReturn
 
 from exporter import __version__
 from exporter.daemon.web import DEFAULT_PORT, parse_listen
+from exporter.durations import parse_timeout
 from exporter.probe.canary import Endpoint
-from exporter.settings import DEFAULT_SERVER_URL, ConfigError, ServerConfig, load_settings, parse_shard, parse_timeout
+from exporter.problems import ConfigError
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import DEFAULT_SERVER_URL, ServerConfig, parse_shard
 
 EX_CONFIG = 2
 """`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""

@@ -11,7 +11,7 @@ import structlog
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 

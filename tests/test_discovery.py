@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from exporter.daemon.discovery import Discovery, servers_from_groups, targets_out
-from exporter.settings import ConfigError, FileSDConfig, Settings, load_settings
+from exporter.problems import ConfigError
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import FileSDConfig, Settings
 from tests.support.faults import Respond
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value

@@ -13,7 +13,7 @@ import structlog
 from exporter.daemon.state import Fleet
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher, new_client
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import CloseAtOnce, Hang, Huge, Mutate, Raw, Redirect, Reset, Respond, Status, Trickle, Truncated
 from tests.support.loopback import FaultServer

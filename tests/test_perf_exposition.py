@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import exporter.daemon.collector
 from exporter.daemon.collector import ExporterStatus, Exposition, SpecwatchCollector, gzip_member
 from exporter.daemon.web import WebApp
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from tests.support.wire import FakeLlama
 
 
@@ -156,7 +156,7 @@ async def test_a_scrape_serves_what_was_just_prepared_unless_servers_or_settings
 def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypatch) -> None:
     """The daemon's status function makes a new object per call: a scrape must still find the preparation current."""
     from exporter.daemon.run import Daemon
-    from exporter.settings import load_settings
+    from exporter.settings.loading import load_settings
 
     daemon = Daemon(None, load_settings(None))
     collector = daemon.exposition.collector

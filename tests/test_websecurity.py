@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from exporter.daemon.websecurity import WebSecurity, load_web_config
-from exporter.settings import ConfigError
+from exporter.problems import ConfigError
 from tests.support.certs import make_certs
 from tests.support.loopback import FaultServer
 from tests.support.net import HOST, refused_url

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from exporter.daemon.state import ModelState
 from exporter.probe.canary import Endpoint
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 
 DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default
 DEFAULT_TOKENS_SPECULATING: int = Settings.model_fields["canary_tokens_speculating"].default

@@ -22,7 +22,7 @@ from prometheus_client.utils import floatToGoString
 from exporter import __version__
 from exporter.daemon.discovery import SourceStatus
 from exporter.daemon.state import CanaryState, Fleet, ModelState, ServerState
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.verdict import Verdict
 
 

@@ -19,7 +19,8 @@ import yaml
 from pydantic import ValidationError
 
 from exporter.daemon.state import ServerState
-from exporter.settings import ConfigError, FileSDConfig, HttpSDConfig, ServerConfig, Settings, yaml_problem
+from exporter.problems import ConfigError, yaml_problem
+from exporter.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
 
 log = structlog.get_logger("specwatch")
 GROUP_KEYS = ("targets", "labels")

@@ -17,7 +17,7 @@ from exporter.probe import probes
 from exporter.probe.fetch import Fetcher
 from exporter.probe.probes import PLAIN
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import ServerConfig, Settings
+from exporter.settings.schema import ServerConfig, Settings
 from exporter.verdict import Verdict
 
 log = structlog.get_logger("specwatch")

@@ -17,7 +17,7 @@ from typing import Any
 
 import bcrypt
 
-from exporter.settings import ConfigError, read_yaml
+from exporter.problems import ConfigError, read_yaml
 
 TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
 TLS_KEYS = (
