@@ -272,3 +272,15 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
     assert outside["default"].poll_interval == 15.0 and outside["default"].default_target
     assert outside["bad"] == [(("poll_interval",), "Value error, 'banana' is not a duration (use e.g. 500ms, 15s, 1m30s)"),
                               ((), f"Value error, {NO_SERVERS}")]
+
+
+def test_settings_import_no_http_and_probes_import_no_settings() -> None:
+    import subprocess
+    import sys
+
+    script = ("import sys; import exporter.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('httpx', 'httpcore', 'h11'))); [sys.modules.pop(m) for m in list(sys.modules) if m.startswith('exporter')]; "
+              "import exporter.probe.probes, exporter.probe.keyfiles, exporter.probe.fetch; "
+              "print(sorted(m for m in sys.modules if m.startswith('exporter.settings')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines() == ["[]", "[]"]
