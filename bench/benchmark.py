@@ -118,7 +118,7 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict
     from exporter.daemon.cadence import Round
     from exporter.daemon.run import Daemon
     from exporter.probe.canary import Endpoint
-    from exporter.settings import load_settings
+    from exporter.settings.loading import load_settings
 
     daemon = Daemon(config, load_settings(config))
     names = [s.config.name for s in daemon.fleet.snapshot()]
@@ -201,7 +201,7 @@ async def _settled(daemon: Any, limit: float) -> float:
 async def _worker_steady(config: Path, fleet_url: str, port: int, window: float, marks: Path) -> dict[str, Any]:
     """The real daemon on its real schedule: its CPU per request the fleet served over a window, and its /metrics."""
     from exporter.daemon.run import Daemon
-    from exporter.settings import load_settings
+    from exporter.settings.loading import load_settings
 
     served: list[dict[str, float]] = []
     _record_scrapes(served)

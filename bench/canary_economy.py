@@ -36,7 +36,7 @@ import httpx
 
 from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from tests.support.metrics import Samples, find, parse
 from tests.support.router import PREDICTED, PROMPT, Router, answers, counters, until
 

@@ -14,7 +14,7 @@ from exporter.probe import probes
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 
 # Every speculation type the tests cover, plus a plain server that must never show a fill-in.
 KINDS: dict[str, list[str]] = {

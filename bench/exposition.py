@@ -16,7 +16,7 @@ from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.watch import Watcher
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.simfleet import FleetOptions, is_speculating, lookalike

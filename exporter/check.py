@@ -13,7 +13,7 @@ from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
 from exporter.report import EndpointReport, ModelReport, model_report
 from exporter.runner import Runner
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.state import Fleet, ServerState
 from exporter.verdict import NOTHING_LOADED, Decision, Verdict, worst
 

@@ -10,10 +10,15 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from pydantic import ValidationError
+
 from exporter import __version__
 from exporter.daemon.web import DEFAULT_PORT, parse_listen
+from exporter.durations import parse_timeout
 from exporter.probe.canary import Endpoint
-from exporter.settings import DEFAULT_SERVER_URL, ConfigError, ServerConfig, load_settings, parse_shard, parse_timeout
+from exporter.problems import ConfigError, problem_lines
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import DEFAULT_SERVER_URL, ServerConfig, parse_shard
 
 EX_CONFIG = 2
 """`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""
@@ -353,10 +358,8 @@ def _checked(args: argparse.Namespace) -> int:
         server = ServerConfig(
             name="check", url=args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model
         )
-    except ValueError as err:
-        errors = getattr(err, "errors", lambda **_: [])(include_url=False, include_input=False)
-        message = "; ".join(e["msg"].removeprefix("Value error, ") for e in errors) or str(err)
-        print(f"specwatch check: {message}", file=sys.stderr)
+    except ValidationError as err:
+        print(f"specwatch check: {'; '.join(problem_lines(err, ServerConfig))}", file=sys.stderr)
         return EX_USAGE
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
     report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout, load=args.load))

@@ -13,7 +13,7 @@ from exporter.probe import probes
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.state import Change, Fleet, ModelState
 from exporter.verdict import Verdict
 

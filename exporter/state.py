@@ -10,7 +10,7 @@ from types import MappingProxyType
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
 from exporter.reasons import Reason
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.verdict import Decision, EndpointEvidence, Evidence, decide
 
 UNKNOWN = "unknown"

@@ -10,7 +10,7 @@ import structlog
 
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama

@@ -217,7 +217,7 @@ async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_mod
     from exporter.demo.llamaserver import LlamaServer
     from exporter.probe import probes
     from exporter.probe.fetch import Fetcher
-    from exporter.settings import ServerConfig
+    from exporter.settings.schema import ServerConfig
 
     args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]
     with LlamaServer(cycle_model, args) as server:

@@ -18,7 +18,7 @@ from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet, ModelState
 from exporter.verdict import Verdict
 from tests.support.router import PREDICTED, ROUTER_MODEL, Router, counters

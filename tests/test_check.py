@@ -9,7 +9,7 @@ import pytest
 
 from exporter.check import render_text, run_check
 from exporter.probe.canary import Endpoint
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.verdict import Verdict
 from tests.support.wire import FakeLlama
 

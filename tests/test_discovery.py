@@ -8,13 +8,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 import yaml
 
 from exporter.daemon.discovery import Discovery, servers_from_groups, targets_out
-from exporter.settings import ConfigError, FileSDConfig, Settings, load_settings
-from tests.support.faults import Respond
+from exporter.problems import ConfigError
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import FileSDConfig, Settings
+from tests.support.faults import Redirect, Respond
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
+from tests.support.net import refused_url
 from tests.support.process import ExporterProcess, wait_for
 from tests.support.wire import FakeLlama, FakeRouter
 
@@ -24,7 +28,9 @@ BAD_GROUPS = [
     ([["a:1"]], "[0]: not a mapping with targets and labels"),
     ([{"targets": "a:1"}], "[0].targets: must be a list of HOST:PORT strings"),
     ([{"targets": ["a:1"], "labels": {"pool": 3}}], "[0].labels: must map label names to string values"),
-    ([{"targets": ["a:1"], "lables": {}}], "[0].lables: unknown key (a target group has targets and labels)"),
+    ([{"targets": ["a:1"], "lables": {}}], "[0].lables: unknown key (did you mean labels?)"),
+    ([{"targets": ["a:1"]}, {"targets": ["b:1"], "weight": 3}], "[1].weight: unknown key (allowed: targets, labels)"),
+    ([{"labels": {"pool": "a"}}], "[0].targets: must be a list of HOST:PORT strings"),
     ([{"targets": ["a:1", "b:1"], "labels": {"server": "x"}}], "[0].labels.server: names one target, and this group has 2"),
     ([{"targets": ["a:1"], "labels": {"endpoint": "x"}}],
      "[0] target 'a:1': labels: label name(s) ['endpoint'] are reserved by specwatch"),
@@ -38,6 +44,16 @@ def test_each_bad_target_list_gives_its_exact_error(data: object, problem: str) 
     with pytest.raises(ConfigError) as caught:
         servers_from_groups(data, SOURCE, "file 't.json'")
     assert caught.value.problems == [problem]
+
+
+def test_a_key_file_gone_since_the_config_was_loaded_is_named_once(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-discovered")
+    source = FileSDConfig(files=["unused"], api_key_file=key)
+    key.unlink()
+    with pytest.raises(ConfigError) as caught:
+        servers_from_groups([{"targets": ["a:1"]}], source, "file 't.json'")
+    assert caught.value.problems == [f"[0] target 'a:1': api_key_file {str(key)!r} cannot be read: No such file or directory"]
 
 
 def test_targets_become_servers_named_by_label_or_address() -> None:
@@ -112,6 +128,25 @@ async def test_http_sd_serves_targets_and_a_bad_answer_keeps_them() -> None:
         finally:
             await discovery.close()
         assert sd.count("/targets") == 2
+
+
+async def test_http_sd_follows_no_redirect_and_no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The probes' client policy: a redirect could send the next fetch (and its token) elsewhere, and a proxy set for
+    # other programs is not one specwatch was told to use.
+    monkeypatch.setenv("HTTP_PROXY", refused_url())
+    monkeypatch.setenv("ALL_PROXY", refused_url())
+    targets = json.dumps([{"targets": ["10.0.1.1:8080"]}]).encode()
+    with FaultServer().play(Redirect("/elsewhere"), "/targets").play(Respond(lambda _: (200, {}, targets)), "/elsewhere") as sd:
+        discovery = Discovery()
+        discovery.configure(Settings(http_sd_configs=[{"url": f"{sd.url}/targets"}]))
+        with structlog.testing.capture_logs() as logged:
+            try:
+                assert not await discovery.refresh_all()
+            finally:
+                await discovery.close()
+        assert sd.count("/targets") == 1 and sd.count("/elsewhere") == 0
+    assert [e["error"] for e in logged if e["event"] == "discovery_refused"] == [
+        "invalid http_sd[0] (1 problem):\n  - HTTP 302"]
 
 
 def test_http_sd_config_refuses_credentials_in_its_url(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
 from exporter.probe.fetch import Fetcher
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
@@ -124,7 +124,7 @@ def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
 
 def test_daemon_serves_the_fast_text_and_openmetrics_with_process_metrics() -> None:
     from exporter.daemon.run import Daemon
-    from exporter.settings import load_settings
+    from exporter.settings.loading import load_settings
 
     daemon = Daemon(None, load_settings(None))
     app = daemon.web_app()

@@ -12,7 +12,7 @@ import structlog
 
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher, new_client
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import CloseAtOnce, Hang, Huge, Mutate, Raw, Redirect, Reset, Respond, Status, Trickle, Truncated

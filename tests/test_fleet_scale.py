@@ -23,7 +23,8 @@ from exporter.demo.llamaserver import free_port
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
-from exporter.settings import Settings, load_settings
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
 from tests.support.wire import FakeLlama

@@ -15,7 +15,7 @@ import pytest
 import exporter.probe.fetch
 from exporter.daemon import logs
 from exporter.daemon.run import Daemon
-from exporter.settings import load_settings
+from exporter.settings.loading import load_settings
 from tests.support.net import free_port
 from tests.support.simfleet import FleetOptions, SimFleetThread, write_config
 

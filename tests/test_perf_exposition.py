@@ -18,7 +18,7 @@ from exporter.daemon.exposition.serve import Exposition
 from exporter.daemon.exposition.text import TextRenderer
 from exporter.daemon.web import WebApp
 from exporter.probe.canary import Endpoint
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from tests.support.wire import FakeLlama
 
 
@@ -179,7 +179,7 @@ async def test_the_scrapes_of_one_preparation_compress_the_fleet_once(make_watch
 def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypatch) -> None:
     """The daemon's status function makes a new object per call: a scrape must still find the preparation current."""
     from exporter.daemon.run import Daemon
-    from exporter.settings import load_settings
+    from exporter.settings.loading import load_settings
 
     daemon = Daemon(None, load_settings(None))
     renderer = daemon.exposition.renderer

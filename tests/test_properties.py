@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from exporter.durations import parse_duration
 from exporter.probe.canary import TABLE, Endpoint, Reading, Token, classify
 from exporter.probe.fetch import parse_json
 from exporter.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason
-from exporter.settings import parse_duration
 from tests.support.wire import FakeLlama
 
 settings.register_profile("specwatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 
 pytestmark = pytest.mark.real

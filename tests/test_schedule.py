@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from exporter.daemon.schedule import Schedule
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 
 
 def _servers(n: int) -> list[dict]:

@@ -18,7 +18,7 @@ from exporter.probe import probes
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import ProbeFailure
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import Hang, Respond, Seen

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from exporter.settings import NO_SERVERS, ConfigError, load_settings, parse_duration, parse_shard
+from exporter.probe.keyfiles import KeyFiles
+from exporter.problems import ConfigError
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import NO_SERVERS, Settings, parse_shard
 
 
 def _load(tmp_path: Path, text: str):
@@ -25,7 +29,8 @@ BAD_CONFIGS = [
     ("servers:\n  - {name: a, url: 'http://u:p@h:1'}\n",
      "servers[0] (a).url: credentials in the URL are not allowed; use api_key_file or api_key_env"),
     ("servers:\n  - {name: a, url: 'http://h:99999'}\n", "servers[0] (a).url: 'http://h': Port out of range 0-65535"),
-    ("servers:\n  - {name: a, url: 'http://h:1', colour: red}\n", "servers[0] (a).colour: unknown key"),
+    ("servers:\n  - {name: a, url: 'http://h:1', colour: red}\n",
+     "servers[0] (a).colour: unknown key (allowed: labels, api_key_file, api_key_env, timeout, name, url, model)"),
     ("servers:\n  - {url: 'http://h:1'}\n", "servers[0].name: Field required"),
     ("servers:\n  - {name: a, url: 'http://h:1'}\n  - {name: a, url: 'http://h:2'}\n",
      "servers[1].name: 'a' is already used by servers[0]; names must be unique"),
@@ -136,11 +141,6 @@ def test_api_key_is_read_and_kept_secret(tmp_path: Path) -> None:
     assert "sk-abc" not in repr(settings) and "sk-abc" not in str(server.api_key)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("15s", 15), ("1m30s", 90), ("500ms", 0.5), ("2h", 7200), (7, 7), ("2.5", 2.5)])
-def test_durations(text: object, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
 @pytest.mark.parametrize("text", ["0/1", "2/3"])
 def test_shards(text: str) -> None:
     assert parse_shard(text)[1] >= 1
@@ -237,7 +237,50 @@ def test_warnings_come_with_a_refused_config(tmp_path: Path, monkeypatch: pytest
 
 
 def test_nested_environment_forms_are_not_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.settings import environment_warnings
+    from exporter.settings.loading import environment_warnings
 
     environ = {"SPECWATCH_SERVERS__0__NAME": "a", "specwatch_poll_interval": "3s", "SPECWATCH_CONFIG_FILE": "x", "PATH": "/bin"}
     assert environment_warnings(environ=environ) == []
+
+
+def _outcome(build) -> object:
+    try:
+        return build()
+    except ValidationError as err:
+        return [(e["loc"], e["msg"]) for e in err.errors(include_url=False, include_input=False)]
+
+
+def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No hidden state: Settings(**kw) validates kw alone; only load_settings reads the file and the environment.
+    monkeypatch.setenv("SPECWATCH_POLL_INTERVAL", "30s")
+    key = tmp_path / "key"
+    key.write_text("sk-inside")
+    builds = {"default": lambda: Settings(), "bad": lambda: Settings(servers=[], poll_interval="banana"),
+              "some": lambda: Settings(servers=[{"name": "x", "url": "http://x:1"}], poll_timeout="20s")}
+    inside: dict[str, object] = {}
+    real_load = KeyFiles.load
+
+    def load_and_build(self: KeyFiles, path: Path) -> None:  # runs while load_settings validates
+        real_load(self, path)
+        inside.update({name: _outcome(build) for name, build in builds.items()})
+
+    monkeypatch.setattr(KeyFiles, "load", load_and_build)
+    loaded = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key}}}\npoll_interval: 10s\n")
+    assert loaded.poll_interval == 30.0 and not loaded.default_target
+    outside = {name: _outcome(build) for name, build in builds.items()}
+    assert inside == outside
+    assert outside["default"].poll_interval == 15.0 and outside["default"].default_target
+    assert outside["bad"] == [(("poll_interval",), "Value error, 'banana' is not a duration (use e.g. 500ms, 15s, 1m30s)"),
+                              ((), f"Value error, {NO_SERVERS}")]
+
+
+def test_settings_import_no_http_and_probes_import_no_settings() -> None:
+    import subprocess
+    import sys
+
+    script = ("import sys; import exporter.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('httpx', 'httpcore', 'h11'))); [sys.modules.pop(m) for m in list(sys.modules) if m.startswith('exporter')]; "
+              "import exporter.probe.probes, exporter.probe.keyfiles, exporter.probe.fetch; "
+              "print(sorted(m for m in sys.modules if m.startswith('exporter.settings')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines() == ["[]", "[]"]

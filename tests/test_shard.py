@@ -16,7 +16,7 @@ import yaml
 from exporter.daemon.run import shard_of
 from exporter.daemon.shard import hashmod, select
 from exporter.demo.llamaserver import free_port
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from tests.support.chain import http_ok
 from tests.support.process import Process, wait_until
 

@@ -23,7 +23,7 @@ from exporter.daemon.schedule import Schedule
 from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher, new_client
 from exporter.reasons import Reason
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.net import stranded_sockets
 

@@ -121,7 +121,7 @@ async def test_a_canary_in_flight_is_not_started_again(make_watcher) -> None:
 async def test_removed_servers_vanish_and_added_ones_appear(make_watcher) -> None:
     watcher = make_watcher({"a": FakeLlama.plain(), "b": FakeLlama.plain()})
     await asyncio.gather(watcher.poll("a"), watcher.poll("b"))
-    from exporter.settings import Settings
+    from exporter.settings.schema import Settings
 
     new = Settings(servers=[{"name": "b", "url": "http://b:8080"}, {"name": "c", "url": "http://c:8080"}])
     watcher.apply(new, list(new.servers))
@@ -158,7 +158,7 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
 
     from exporter.daemon.watch import REMIND_SECONDS, Watcher
     from exporter.probe.fetch import Fetcher
-    from exporter.settings import Settings
+    from exporter.settings.schema import Settings
     from exporter.state import Fleet
     from tests.support.fakes import fleet_transport
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from exporter.daemon.websecurity import WebSecurity, load_web_config
-from exporter.settings import ConfigError
+from exporter.problems import ConfigError
 from tests.support.certs import make_certs
 from tests.support.loopback import FaultServer
 from tests.support.net import HOST, refused_url
@@ -79,13 +79,13 @@ tls_config: {{}}
 tls_server_config:
   cert_file: {certs.cert}
   key_file: {certs.key}
-  client_cert_file: {certs.ca}
+  client_certificate: {certs.ca}
 basic_auth_users: {{}}
 """)
     assert problems(path) == [
-        "tls_config: unknown key (allowed: tls_server_config, http_server_config, basic_auth_users)",
-        "tls_server_config.client_cert_file: unknown key (allowed: cert_file, key_file, cert, key, client_auth_type, "
+        "tls_server_config.client_certificate: unknown key (allowed: cert_file, key_file, cert, key, client_auth_type, "
         "client_ca_file, client_ca, client_allowed_sans, min_version, max_version, prefer_server_cipher_suites)",
+        "tls_config: unknown key (allowed: tls_server_config, http_server_config, basic_auth_users)",
     ]
 
 
@@ -121,10 +121,22 @@ def test_mismatched_certificate_and_key(tmp_path, certs) -> None:
     assert problem.startswith("tls_server_config: cert_file and key_file are not a matching PEM certificate and private key (")
 
 
+def test_a_client_ca_that_is_not_a_certificate(tmp_path, certs) -> None:
+    path = write(tmp_path / "web.yml", _tls(certs, "  client_auth_type: RequireAndVerifyClientCert\n"
+                                                   "  client_ca: \"-----BEGIN CERTIFICATE-----\\nbm90IGEgY2VydA==\\n-----END CERTIFICATE-----\\n\"\n"))
+    [problem] = problems(path)
+    assert problem.startswith("tls_server_config: client CA is not a PEM certificate (")
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ("- a\n- b\n", "the top level must be a mapping with tls_server_config, http_server_config, basic_auth_users"),
     ("tls_server_config: yes\n", "tls_server_config: must be a mapping with cert_file and key_file"),
     ("basic_auth_users: [alice]\n", "basic_auth_users: must be a mapping of user name to bcrypt hash"),
+    ("basic_auth_users:\n", "basic_auth_users: must be a mapping of user name to bcrypt hash"),
+    ("http_server_config: yes\n", "http_server_config: must be a mapping with http2 and/or headers"),
+    ("tls_server_config:\n  cert_file: 42\n  key: '-----BEGIN PRIVATE KEY-----'\n", "tls_server_config.cert_file: must be a file path"),
+    ("tls_server_config:\n  cert: pasted\n  key: '-----BEGIN PRIVATE KEY-----'\n",
+     "tls_server_config.cert: must be PEM text (-----BEGIN ...)"),
 ])
 def test_wrong_shapes(tmp_path, text: str, problem: str) -> None:
     assert problems(write(tmp_path / "web.yml", text)) == [problem]
@@ -257,9 +269,9 @@ def test_a_bad_web_config_stops_the_exporter_with_the_problems(tmp_path) -> None
     errors = "".join(process.stderr)
     assert errors == (
         f"specwatch: invalid web config file {str(web)!r} (3 problems):\n"
-        "  - basic_auth: unknown key (allowed: tls_server_config, http_server_config, basic_auth_users)\n"
         f"  - tls_server_config.cert_file: {str(tmp_path / 'nope.pem')!r} cannot be read: No such file or directory\n"
         f"  - tls_server_config.key_file: {str(tmp_path / 'nope-key.pem')!r} cannot be read: No such file or directory\n"
+        "  - basic_auth: unknown key (did you mean basic_auth_users?)\n"
     )
 
 
@@ -314,6 +326,17 @@ BAD_WEB_CONFIGS = [
     ("http_server_config:\n  headers: {X-Frame-Options: allow}\n",
      "http_server_config.headers.X-Frame-Options: 'allow' is not one of deny, sameorigin"),
     ("http_server_config:\n  grpc: true\n", "http_server_config.grpc: unknown key (allowed: http2, headers)"),
+    ("http_server_config:\n  http2: maybe\n", "http_server_config.http2: must be true or false"),
+    ("http_server_config:\n  headers: [X-Frame-Options]\n", "http_server_config.headers: must be a mapping of header name to value"),
+    ("http_server_config:\n  headers: {X-XSS-Protection: \"1\\r\\nSet-Cookie: a=b\"}\n",
+     "http_server_config.headers.X-XSS-Protection: must be one line"),
+    ("  prefer_server_cipher_suites: 'yes'\n", "tls_server_config.prefer_server_cipher_suites: must be true or false"),
+    ("  client_auth_type: RequireAndVerifyClientCert\n  client_ca: not-pem\n",
+     "tls_server_config.client_ca: must be PEM text (-----BEGIN ...)"),
+    ("  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: CA\n  client_allowed_sans: [a.example, '']\n",
+     "tls_server_config.client_allowed_sans: must be a list of names"),
+    ("  client_auth_type: RequireAndVerifyClientCert\n  client_ca: '-----BEGIN CERTIFICATE-----'\n  client_ca_file: CA\n",
+     "tls_server_config: set client_ca_file or client_ca, not both"),
     ("rate_limit: {interval: 1s, burst: 10}\n",
      "rate_limit: not supported by specwatch; put a reverse proxy in front to rate-limit"),
 ]

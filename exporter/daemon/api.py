@@ -10,7 +10,7 @@ from exporter import __version__
 from exporter.daemon.cadence import freshness_bound
 from exporter.probe.llama import names_of
 from exporter.report import model_report
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import ModelState, ServerState
 from exporter.verdict import Verdict
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.probe.canary import Endpoint
-from exporter.settings import Settings
+from exporter.settings.schema import Settings
 from exporter.state import ModelState
 
 DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default

@@ -10,19 +10,21 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import httpx
 import structlog
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from exporter.settings import ConfigError, FileSDConfig, HttpSDConfig, ServerConfig, Settings, yaml_problem
+from exporter.filestamp import FileStamp, file_stamp
+from exporter.probe.fetch import new_client
+from exporter.problems import ConfigError, problem_lines, refusal, yaml_problem
+from exporter.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
 from exporter.state import ServerState
 
 log = structlog.get_logger("specwatch")
-GROUP_KEYS = ("targets", "labels")
 MAX_SD_BYTES = 16 * 1024 * 1024
 HTTP_SD_TIMEOUT = 10.0
 
@@ -39,9 +41,39 @@ class SourceStatus:
     last_success_timestamp: float | None
 
 
-def _messages(err: ValidationError) -> list[str]:
-    return [f"{'.'.join(str(p) for p in e['loc']) or 'target'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors(include_url=False, include_input=False)]
+def _host_ports(targets: Any) -> Any:
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t.strip() for t in targets):
+        raise ValueError("must be a list of HOST:PORT strings")
+    return [t.strip() for t in targets]
+
+
+def _string_labels(labels: Any) -> Any:
+    labels = labels or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ValueError("must map label names to string values")
+    return labels
+
+
+class TargetGroup(BaseModel):
+    """One group of a file_sd file or an http_sd answer: targets and the labels they share."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    targets: Annotated[list[str], BeforeValidator(_host_ports)] = Field(default=None, validate_default=True)
+    labels: Annotated[dict[str, str], BeforeValidator(_string_labels)] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("not a mapping with targets and labels")
+        return data
+
+    @model_validator(mode="after")
+    def _server_names_one(self) -> TargetGroup:
+        if "server" in self.labels and len(self.targets) != 1:
+            raise refusal([(("labels", "server"), f"names one target, and this group has {len(self.targets)}")])
+        return self
 
 
 def servers_from_groups(data: Any, source: FileSDConfig | HttpSDConfig, where: str) -> list[ServerConfig]:
@@ -54,34 +86,23 @@ def servers_from_groups(data: Any, source: FileSDConfig | HttpSDConfig, where: s
         raise ConfigError(["must be a list of target groups: [{targets: [HOST:PORT, ...], labels: {...}}]"], where)
     problems: list[str] = []
     servers: dict[str, ServerConfig] = {}
-    for index, group in enumerate(data):
+    for index, item in enumerate(data):
         at = f"[{index}]"
-        if not isinstance(group, dict):
-            problems.append(f"{at}: not a mapping with targets and labels")
+        try:
+            group = TargetGroup.model_validate(item)
+        except ValidationError as err:
+            problems += problem_lines(err, TargetGroup, data=item, at=(index,))
             continue
-        problems += [f"{at}.{key}: unknown key (a target group has targets and labels)" for key in group
-                     if key not in GROUP_KEYS]
-        targets, labels = group.get("targets"), group.get("labels") or {}
-        if not isinstance(targets, list) or not all(isinstance(t, str) and t.strip() for t in targets):
-            problems.append(f"{at}.targets: must be a list of HOST:PORT strings")
-            continue
-        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            problems.append(f"{at}.labels: must map label names to string values")
-            continue
-        name = labels.get("server")
-        if name is not None and len(targets) != 1:
-            problems.append(f"{at}.labels.server: names one target, and this group has {len(targets)}")
-            continue
-        static = {k: v for k, v in labels.items() if not k.startswith("__") and k != "server"}
-        for target in targets:
-            target = target.strip()
+        name = group.labels.get("server")
+        static = {k: v for k, v in group.labels.items() if not k.startswith("__") and k != "server"}
+        for target in group.targets:
             try:
                 server = ServerConfig(
                     name=name or target, url=f"{source.scheme}://{target}", labels={**source.labels, **static},
                     api_key_file=source.api_key_file, api_key_env=source.api_key_env, timeout=source.timeout,
                 )
             except ValidationError as err:
-                problems += [f"{at} target {target!r}: {message}" for message in _messages(err)]
+                problems += [f"{at} target {target!r}: {line}" for line in problem_lines(err, ServerConfig)]
                 continue
             if server.name in servers:
                 problems.append(f"{at} target {target!r}: the name {server.name!r} is already used in this source")
@@ -118,21 +139,16 @@ class _Source:
             self.last_success = time.time()
 
 
-def _stamp(path: Path) -> tuple[int, int, int]:
-    stat = path.stat()
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
 @dataclass(frozen=True)
 class _File:
-    stamp: tuple[int, int, int]
+    stamp: FileStamp
     servers: list[ServerConfig]
     refused: bool
     """Its current content was refused: it keeps the targets it had before."""
 
 
 class FileSource(_Source):
-    """file_sd: every file the globs match, re-read when its inode, mtime or size changes; a bad file keeps its old targets."""
+    """file_sd: every file the globs match, re-read when its stamp changes; a bad file keeps its old targets."""
 
     config: FileSDConfig
 
@@ -158,7 +174,7 @@ class FileSource(_Source):
             log.info("discovery_file_removed", source=self.key, file=str(gone))
         for path in paths:
             try:
-                stamp = _stamp(path)
+                stamp = file_stamp(path)
             except OSError:
                 continue  # removed between the glob and the stat: the next refresh sees it gone
             known = self._files.get(path)
@@ -250,7 +266,7 @@ class Discovery:
         self._on_change = on_change
         self._sources: list[_Source] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False, headers={"User-Agent": "specwatch"})
+        self._client = new_client()
 
     def configure(self, settings: Settings) -> None:
         """Adopt a (re)loaded config; a source whose config is unchanged keeps its servers."""

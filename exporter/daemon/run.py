@@ -21,7 +21,9 @@ from exporter.daemon.shard import select
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
 from exporter.probe.fetch import Fetcher, new_client
-from exporter.settings import ConfigError, ServerConfig, Settings, load_settings, parse_shard
+from exporter.problems import ConfigError
+from exporter.settings.loading import load_settings
+from exporter.settings.schema import ServerConfig, Settings, parse_shard
 from exporter.state import Fleet
 
 log = structlog.get_logger("specwatch")

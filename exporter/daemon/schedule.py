@@ -9,7 +9,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from exporter.daemon.shard import phase
 from exporter.daemon.watch import Watcher
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 
 
 def _job_id(name: str) -> str:

@@ -16,7 +16,7 @@ from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.fetch import Fetcher
 from exporter.probe.probes import PLAIN
 from exporter.runner import Measured, Runner
-from exporter.settings import ServerConfig, Settings
+from exporter.settings.schema import ServerConfig, Settings
 from exporter.state import Change, Fleet, ModelState
 from exporter.verdict import Verdict
 

@@ -10,7 +10,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.daemon.exposition.catalog import FAMILIES, SERVER, Family
 from exporter.daemon.exposition.samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from exporter.state import Fleet, ServerState
 
 _MEMO_LIMIT = 1024
