@@ -195,6 +195,7 @@ def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int = 
                 "seconds": {"configure": round(compiled - configured, 1), "build": round(finished - compiled, 1),
                             "total": round(time.monotonic() - started, 1)},
             }, indent=2) + "\n")
+            staging.chmod(0o755)  # mkdtemp made it private; the cache entry is for every user of the machine
             # the rename is the commit point: the cache holds a finished build or nothing
             os.rename(staging, final)
         except BaseException:
@@ -214,7 +215,7 @@ def _check_runs(binary: pathlib.Path) -> None:
 
 
 def fixed_server_binary(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int = 2) -> pathlib.Path:
-    """The patched llama-server: from the cache at once, else built first (about 10 minutes on 2 cores)."""
+    """The patched llama-server: from the cache at once, else built first (10 to 20 minutes on 2 cores)."""
     return cached_binary() or build(log, sdist=sdist, jobs=jobs)
 
 
@@ -224,7 +225,7 @@ def session_binary(config) -> pathlib.Path:
         return found
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (about 10 minutes on 2 cores; "
+        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (10 to 20 minutes on 2 cores; "
                 "python -m tests.support.llamabuild does the same)")
         return build()
 
