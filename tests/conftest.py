@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import httpx
 import pytest
@@ -12,6 +13,7 @@ from exporter.daemon.watch import Watcher
 from exporter.probe.fetch import Fetcher
 from exporter.settings.schema import Settings
 from exporter.state import Fleet
+from tests.support import llamabuild
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 
@@ -59,3 +61,9 @@ def restored_logging():
     structlog.configure(**saved)
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def fixed_llama_binary(pytestconfig) -> pathlib.Path:
+    """The llama-server patched to fill real probabilities on the speculative path when its env has FILL_PROBS_ON."""
+    return llamabuild.session_binary(pytestconfig)

