@@ -25,6 +25,11 @@ def model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    return write_cycle_model(tmp_path_factory.mktemp("q8") / "cycle-q8_0.gguf", tensor_type="Q8_0")
+
+
+@pytest.fixture(scope="module")
 def server(model):
     """Start each kind of server once for the whole module, on first use."""
     started: dict[str, LlamaServer] = {}
@@ -209,6 +214,20 @@ def test_streaming_completion_drops_probabilities_after_first_chunk(server, kind
     assert len(content) >= N_TOKENS // 2
     assert content[0].get("completion_probabilities")
     check_stream_gaps(kind, content, "completion_probabilities")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_q8_0_model_runs_the_quantized_kernels_and_serves_fill_ins_like_f32(q8_model, kind):
+    with LlamaServer.of_kind(kind, q8_model) as s:
+        status, props = request(s, "GET", "/props")
+        assert (status, props["model_ftype"]) == (200, "Q8_0")
+        body = completion(s)
+        assert cycle_text(repeats=2) in body["content"]
+        check_fill_ins(kind, body["completion_probabilities"])
+        # Quantization moves the successor's probability by about a thousandth, not the cycle.
+        assert -0.5 < body["completion_probabilities"][0]["logprob"] < -0.2
+        if kind != "plain":
+            assert body["timings"]["draft_n"] > 0
 
 
 def test_api_key_guards_props_but_not_health(model):

@@ -21,6 +21,8 @@ CHAT_TEMPLATE = (
 )
 
 _SPACE = "\u2581"  # SentencePiece's word-boundary marker
+# How the 2D weight tensors are stored; norms stay F32 either way, as llama.cpp's own converters keep them.
+TENSOR_TYPES: tuple[str, ...] = ("F32", "Q8_0")
 
 
 def cycle_text(cycle_words: Sequence[str] = DEFAULT_CYCLE_WORDS, repeats: int = 1) -> str:
@@ -40,6 +42,7 @@ def write_cycle_model(
     n_ff: int = 32,
     head_dim: int = 64,
     name: str = "specwatch-cycle",
+    tensor_type: str = "F32",
 ) -> pathlib.Path:
     """Write the model to ``path`` and return ``path``.
 
@@ -48,6 +51,10 @@ def write_cycle_model(
     probability ``p_next``. The words two, three, ... steps ahead get
     ``p_alternatives``, so logprob requests have real alternatives to report;
     the rest of the mass is spread evenly over the vocabulary.
+
+    ``tensor_type="Q8_0"`` stores the 2D weights quantized, so the server runs
+    the kernels of a quantized fleet; the cycle and its probabilities survive
+    (one-hot rows and a few distinct logits per block quantize almost exactly).
     """
     import gguf  # optional dependency: only test and demo set-ups need it
     import numpy as np
@@ -63,6 +70,12 @@ def write_cycle_model(
     alternatives = [float(p) for p in p_alternatives][: len(cycle) - 1]
     if not 0.0 < p_next < 1.0 or any(p <= 0.0 for p in alternatives) or p_next + sum(alternatives) >= 1.0:
         raise ValueError("p_next and p_alternatives must be positive and sum to less than 1")
+    if tensor_type not in TENSOR_TYPES:
+        raise ValueError(f"tensor_type must be one of {', '.join(TENSOR_TYPES)}, not {tensor_type!r}")
+    quantized = tensor_type == "Q8_0"
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
+    if quantized and (n_ff % block or head_dim % block):
+        raise ValueError(f"Q8_0 rows are blocks of {block} values: n_ff and head_dim must be multiples of {block}")
 
     tokens: list[str] = []
     types: list[int] = []
@@ -132,7 +145,7 @@ def write_cycle_model(
 
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(name)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantized else gguf.LlamaFileType.ALL_F32)
     w.add_vocab_size(n_vocab)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
@@ -154,22 +167,29 @@ def write_cycle_model(
     w.add_add_space_prefix(True)
     w.add_chat_template(CHAT_TEMPLATE)
 
+    def weight(tensor_name: str, values: np.ndarray) -> None:
+        if quantized:
+            qtype = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(tensor_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(tensor_name, values)
+
     ones = np.ones(n_embd, dtype=np.float32)
-    w.add_tensor("token_embd.weight", token_embd)
+    weight("token_embd.weight", token_embd)
     w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", output)
+    weight("output.weight", output)
     kv_dim = n_head_kv * head_dim
     for i in range(n_layer):
         blk = f"blk.{i}"
         w.add_tensor(f"{blk}.attn_norm.weight", ones)
-        w.add_tensor(f"{blk}.attn_q.weight", np.zeros((n_embd, n_embd), np.float32))
-        w.add_tensor(f"{blk}.attn_k.weight", np.zeros((kv_dim, n_embd), np.float32))
-        w.add_tensor(f"{blk}.attn_v.weight", np.zeros((kv_dim, n_embd), np.float32))
-        w.add_tensor(f"{blk}.attn_output.weight", np.zeros((n_embd, n_embd), np.float32))
+        weight(f"{blk}.attn_q.weight", np.zeros((n_embd, n_embd), np.float32))
+        weight(f"{blk}.attn_k.weight", np.zeros((kv_dim, n_embd), np.float32))
+        weight(f"{blk}.attn_v.weight", np.zeros((kv_dim, n_embd), np.float32))
+        weight(f"{blk}.attn_output.weight", np.zeros((n_embd, n_embd), np.float32))
         w.add_tensor(f"{blk}.ffn_norm.weight", ones)
-        w.add_tensor(f"{blk}.ffn_gate.weight", np.zeros((n_ff, n_embd), np.float32))
-        w.add_tensor(f"{blk}.ffn_up.weight", np.zeros((n_ff, n_embd), np.float32))
-        w.add_tensor(f"{blk}.ffn_down.weight", np.zeros((n_embd, n_ff), np.float32))
+        weight(f"{blk}.ffn_gate.weight", np.zeros((n_ff, n_embd), np.float32))
+        weight(f"{blk}.ffn_up.weight", np.zeros((n_ff, n_embd), np.float32))
+        weight(f"{blk}.ffn_down.weight", np.zeros((n_embd, n_ff), np.float32))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
