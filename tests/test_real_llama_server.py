@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from exporter.demo.llamaserver import SERVER_KINDS, LlamaServer
-from exporter.demo.tinymodel import cycle_text, write_cycle_model
+from exporter.demo.llamaserver import SERVER_KINDS, LlamaServer, LlamaServerError
+from exporter.demo.tinymodel import cycle_text, write_cycle_model, write_mtp_cycle_model
 
 pytestmark = pytest.mark.real
 
@@ -228,6 +228,35 @@ def test_a_q8_0_model_runs_the_quantized_kernels_and_serves_fill_ins_like_f32(q8
         assert -0.5 < body["completion_probabilities"][0]["logprob"] < -0.2
         if kind != "plain":
             assert body["timings"]["draft_n"] > 0
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    return write_mtp_cycle_model(tmp_path_factory.mktemp("mtp") / "cycle-mtp.gguf")
+
+
+def test_mtp_heads_draft_and_serve_fill_ins_like_a_draft_model(mtp_model):
+    with LlamaServer(mtp_model, ["--spec-type", "draft-mtp"]) as s:
+        assert request(s, "GET", "/slots")[1][0]["speculative"] is True
+        body = completion(s)
+        assert cycle_text(repeats=2) in body["content"]
+        check_fill_ins("draft", body["completion_probabilities"])
+        assert body["timings"]["draft_n"] > 0 and body["timings"]["draft_n_accepted"] == body["timings"]["draft_n"]
+        # Once a slot has run a task, its params name the speculation types, unlike /props.
+        assert request(s, "GET", "/slots")[1][0]["params"]["speculative.types"] == "none,draft-mtp"
+        assert request(s, "GET", "/props")[1]["default_generation_settings"]["params"]["speculative.types"] == "none"
+    with LlamaServer(mtp_model) as plain:
+        check_fill_ins("plain", completion(plain)["completion_probabilities"])
+
+
+def test_draft_mtp_on_a_model_without_mtp_heads_does_not_start(model):
+    server = LlamaServer(model, ["--spec-type", "draft-mtp"], startup_timeout=30)
+    try:
+        with pytest.raises(LlamaServerError, match="exited with code 1"):
+            server.start()
+        assert "model doesn't contain MTP layers" in server.log_path.read_text()
+    finally:
+        server.close()
 
 
 def test_api_key_guards_props_but_not_health(model):

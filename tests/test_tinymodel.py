@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
-from exporter.demo.tinymodel import write_cycle_model
+from exporter.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
 
 
 def _tensors(path) -> dict[str, gguf.ReaderTensor]:
@@ -37,3 +37,18 @@ def test_q8_0_refuses_rows_that_are_not_whole_blocks(tmp_path):
 def test_an_unknown_tensor_type_is_refused(tmp_path):
     with pytest.raises(ValueError, match="F32, Q8_0"):
         write_cycle_model(tmp_path / "q4.gguf", tensor_type="Q4_K")
+
+
+def test_the_mtp_model_is_a_qwen35_trunk_with_one_nextn_block_that_passes_the_next_token_on(tmp_path):
+    reader = gguf.GGUFReader(str(write_mtp_cycle_model(tmp_path / "mtp.gguf")))
+
+    def field(key: str):
+        return reader.fields[key].contents()
+
+    assert (field("general.architecture"), field("qwen35.block_count"), field("qwen35.nextn_predict_layers")) == ("qwen35", 3, 1)
+    tensors = {t.name: t for t in reader.tensors}
+    assert {"blk.0.ssm_a", "blk.1.attn_q.weight", "blk.2.nextn.eh_proj.weight", "blk.2.nextn.enorm.weight"} <= tensors.keys()
+    n_embd = field("qwen35.embedding_length")
+    eh_proj = np.asarray(tensors["blk.2.nextn.eh_proj.weight"].data)
+    assert eh_proj.shape == (n_embd, 2 * n_embd)
+    assert np.array_equal(eh_proj[:, :n_embd], np.eye(n_embd)) and not eh_proj[:, n_embd:].any()
