@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
+from exporter.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
 from exporter.probe import probes
 from exporter.probe.canary import Endpoint
 from exporter.probe.fetch import Fetcher, new_client
@@ -23,7 +23,10 @@ KINDS: dict[str, list[str]] = {
     "ngram-mod": ["--spec-type", "ngram-mod"],
     "ngram-map-k": ["--spec-type", "ngram-map-k"],
     "ngram-simple": ["--spec-type", "ngram-simple"],
+    # Needs a model with MTP heads: without --model, the cycle model's qwen35 twin with one.
+    "draft-mtp": ["--spec-type", "draft-mtp"],
 }
+DEFAULT_KINDS = [kind for kind in KINDS if kind != "draft-mtp"]
 
 
 async def first_round(url: str, tokens: int) -> dict[str, tuple[int, int | None] | str]:
@@ -44,16 +47,25 @@ async def first_round(url: str, tokens: int) -> dict[str, tuple[int, int | None]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.canary_tokens", description=__doc__)
     parser.add_argument("--tokens", default="2,3,4,6,8,12,16", help="token counts to try (default 2,3,4,6,8,12,16)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"server kinds to try (default {','.join(KINDS)})")
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                        help=f"server kinds to try, of {','.join(KINDS)} (default {','.join(DEFAULT_KINDS)})")
+    parser.add_argument("--model", type=Path, help="a GGUF model to measure on (default: the generated cycle model; "
+                                                   "draft-simple drafts with the model itself)")
     args = parser.parse_args(argv)
     counts = [int(t) for t in args.tokens.split(",")]
+    kinds = args.kinds.split(",")
+    if unknown := [kind for kind in kinds if kind not in KINDS]:
+        parser.error(f"unknown kind {', '.join(unknown)}; choose from {', '.join(KINDS)}")
     with tempfile.TemporaryDirectory(prefix="specwatch-tokens-") as tmp:
-        model = write_cycle_model(Path(tmp) / "cycle.gguf")
-        print(f"fill-ins / drafted (timings.draft_n) per endpoint, first canary round on a fresh server; model {model.name}")
+        cycle = args.model or write_cycle_model(Path(tmp) / "cycle.gguf")
+        mtp = args.model or (write_mtp_cycle_model(Path(tmp) / "cycle-mtp.gguf") if "draft-mtp" in kinds else None)
+        print("fill-ins / drafted (timings.draft_n) per endpoint, first canary round on a fresh server; "
+              f"model {cycle.name}" + (f" (draft-mtp: {mtp.name})" if mtp and mtp != cycle else ""))
         header = f"{'kind':<14}{'tokens':>7}  " + "  ".join(f"{e.value:>24}" for e in Endpoint) + "  caught"
         print(header)
-        for kind in args.kinds.split(","):
+        for kind in kinds:
             extra = KINDS[kind]
+            model = mtp if kind == "draft-mtp" else cycle
             for tokens in counts:
                 args_for = [a.replace("{model}", str(model)) for a in extra]
                 with LlamaServer(model, args_for, log_dir=tmp) as server:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
+import types
 import urllib.error
 import urllib.request
 
 import pytest
 
-from exporter.demo.llamaserver import SERVER_KINDS, LlamaServer
-from exporter.demo.tinymodel import cycle_text, write_cycle_model
+from exporter.demo.llamaserver import SERVER_KINDS, LlamaServer, LlamaServerError, find_llama_server, free_port
+from exporter.demo.tinymodel import cycle_text, write_cycle_model, write_mtp_cycle_model
+from tests.support.process import _stop_group
 
 pytestmark = pytest.mark.real
 
@@ -22,6 +27,11 @@ API_KEY = "specwatch-test-key"
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return write_cycle_model(tmp_path_factory.mktemp("model") / "cycle.gguf")
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    return write_cycle_model(tmp_path_factory.mktemp("q8") / "cycle-q8_0.gguf", tensor_type="Q8_0")
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +219,163 @@ def test_streaming_completion_drops_probabilities_after_first_chunk(server, kind
     assert len(content) >= N_TOKENS // 2
     assert content[0].get("completion_probabilities")
     check_stream_gaps(kind, content, "completion_probabilities")
+
+
+def v1_completion_body(**extra):
+    return {"prompt": PROMPT, "max_tokens": N_TOKENS, "temperature": 0, "logprobs": 3, **extra}
+
+
+def stream_payloads(server, path, body):
+    """Every `data:` payload of a streaming request, `[DONE]` included, parsed where it is JSON."""
+    req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        lines = [raw.decode().strip() for raw in resp]
+    payloads = [line[len("data:"):].strip() for line in lines if line.startswith("data:")]
+    return [p if p == "[DONE]" else json.loads(p) for p in payloads]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_v1_completions_answer_the_chat_logprob_shape_with_fill_ins(server, kind):
+    status, body = request(server(kind), "POST", "/v1/completions", v1_completion_body())
+    assert status == 200, body
+    assert body["object"] == "text_completion" and body["model"] == str(server(kind).model)
+    choice = body["choices"][0]
+    assert cycle_text(repeats=2).strip() in choice["text"] and set(choice["logprobs"]) == {"content"}
+    check_fill_ins(kind, choice["logprobs"]["content"])
+    assert ("draft_n" in body["timings"]) is (kind != "plain")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streaming_v1_completions_send_null_logprobs_for_fill_ins_and_timings_last(server, kind):
+    payloads = stream_payloads(server(kind), "/v1/completions", v1_completion_body())
+    assert payloads[-1] == "[DONE]"
+    events, last = payloads[:-2], payloads[-2]
+    assert last["choices"][0]["text"] == "" and last["choices"][0]["finish_reason"] == "length"
+    assert last["choices"][0]["logprobs"] is None and "usage" in last
+    assert all("timings" not in e for e in events) and ("draft_n" in last["timings"]) is (kind != "plain")
+    choices = [e["choices"][0] for e in events]
+    assert len(choices) == N_TOKENS and all(c["text"] for c in choices)
+    assert len(choices[0]["logprobs"]["content"]) == 1
+    # Unlike a chat stream, the key stays: a fill-in's chunk says "logprobs": null.
+    assert all("logprobs" in c for c in choices)
+    nulls = sum(c["logprobs"] is None for c in choices[1:])
+    if kind == "plain":
+        assert nulls == 0
+    elif kind == "draft":
+        assert nulls == N_TOKENS - 1
+    else:
+        assert nulls > 0
+
+
+@pytest.mark.parametrize("kind", ["plain", "draft"])
+def test_v1_responses_never_return_logprobs(server, kind):
+    body = {"input": PROMPT, "max_output_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 3,
+            "include": ["message.output_text.logprobs"]}
+    status, answer = request(server(kind), "POST", "/v1/responses", body)
+    assert status == 200, answer
+    (text,) = answer["output"][0]["content"]
+    assert text["type"] == "output_text" and text["text"] and text["logprobs"] == []
+    status, refused = request(server(kind), "POST", "/v1/responses", {**body, "logprobs": False})
+    assert (status, refused["error"]["message"]) == (400, "top_logprobs requires logprobs to be set to true")
+
+
+def test_props_media_marker_is_new_at_every_start(model):
+    with LlamaServer(model) as s:
+        first = request(s, "GET", "/props")[1]["media_marker"]
+        s.restart()
+        second = request(s, "GET", "/props")[1]["media_marker"]
+    assert first.startswith("<__media_") and second.startswith("<__media_") and first != second
+
+
+@pytest.mark.parametrize("with_key", [False, True])
+def test_a_loading_server_answers_503_everywhere_before_any_key_check(tmp_path, with_key):
+    fifo = tmp_path / "never-written.gguf"
+    os.mkfifo(fifo)  # opening it for reading blocks until a writer comes: the model never finishes loading
+    port = free_port()
+    command = [str(find_llama_server()), "-m", str(fifo), "--host", "127.0.0.1", "--port", str(port), "-t", "1"]
+    if with_key:
+        command += ["--api-key", API_KEY]
+    with (tmp_path / "server.log").open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    loading = types.SimpleNamespace(url=f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, body = request(loading, "GET", "/health")
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "llama-server never listened"
+                time.sleep(0.05)
+        expected = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
+        assert (status, body) == (503, expected)
+        for path in ("/props", "/slots", "/metrics"):
+            assert request(loading, "GET", path) == (503, expected)
+            assert request(loading, "GET", path, key="wrong") == (503, expected)
+        assert request(loading, "POST", "/v1/completions", v1_completion_body()) == (503, expected)
+    finally:
+        _stop_group(proc, 5)
+
+
+def test_slots_wakes_a_sleeping_server_and_props_does_not(model):
+    # Two idle seconds leave room between the wake-up and the look at /props that follows it.
+    with LlamaServer(model, ["--sleep-idle-seconds", "2"]) as s:
+        def sleeping():
+            return request(s, "GET", "/props")[1]["is_sleeping"]
+
+        deadline = time.monotonic() + 10
+        while not sleeping():
+            assert time.monotonic() < deadline, "the server never fell asleep"
+            time.sleep(0.2)
+        assert request(s, "GET", "/health") == (200, {"status": "ok"})
+        assert sleeping()
+        assert request(s, "GET", "/slots")[0] == 200
+        assert not sleeping()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_q8_0_model_runs_the_quantized_kernels_and_serves_fill_ins_like_f32(q8_model, kind):
+    with LlamaServer.of_kind(kind, q8_model) as s:
+        status, props = request(s, "GET", "/props")
+        assert (status, props["model_ftype"]) == (200, "Q8_0")
+        body = completion(s)
+        assert cycle_text(repeats=2) in body["content"]
+        check_fill_ins(kind, body["completion_probabilities"])
+        # Quantization moves the successor's probability by about a thousandth, not the cycle.
+        assert -0.5 < body["completion_probabilities"][0]["logprob"] < -0.2
+        if kind != "plain":
+            assert body["timings"]["draft_n"] > 0
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    return write_mtp_cycle_model(tmp_path_factory.mktemp("mtp") / "cycle-mtp.gguf")
+
+
+def test_mtp_heads_draft_and_serve_fill_ins_like_a_draft_model(mtp_model):
+    with LlamaServer(mtp_model, ["--spec-type", "draft-mtp"]) as s:
+        assert request(s, "GET", "/slots")[1][0]["speculative"] is True
+        body = completion(s)
+        assert cycle_text(repeats=2) in body["content"]
+        check_fill_ins("draft", body["completion_probabilities"])
+        assert body["timings"]["draft_n"] > 0 and body["timings"]["draft_n_accepted"] == body["timings"]["draft_n"]
+        # Once a slot has run a task, its params name the speculation types, unlike /props.
+        assert request(s, "GET", "/slots")[1][0]["params"]["speculative.types"] == "none,draft-mtp"
+        assert request(s, "GET", "/props")[1]["default_generation_settings"]["params"]["speculative.types"] == "none"
+    with LlamaServer(mtp_model) as plain:
+        check_fill_ins("plain", completion(plain)["completion_probabilities"])
+
+
+def test_draft_mtp_on_a_model_without_mtp_heads_does_not_start(model):
+    server = LlamaServer(model, ["--spec-type", "draft-mtp"], startup_timeout=30)
+    try:
+        with pytest.raises(LlamaServerError, match="exited with code 1"):
+            server.start()
+        assert "model doesn't contain MTP layers" in server.log_path.read_text()
+    finally:
+        server.close()
 
 
 def test_api_key_guards_props_but_not_health(model):

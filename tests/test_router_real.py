@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -122,3 +123,39 @@ def test_the_router_shapes_specwatch_relies_on(router: LlamaRouter) -> None:
     # A router's own /metrics needs a model: /sd lists router models, never the bare router.
     status, error = _get(router, "/metrics")
     assert status == 400 and error["error"]["message"] == "model name is missing from the request"
+
+
+def test_v1_completions_on_a_router_take_the_model_from_the_body(router: LlamaRouter) -> None:
+    body = {"prompt": "the cat sat on a mat the cat", "max_tokens": 4, "temperature": 0, "logprobs": 3}
+    answer = httpx.post(f"{router.url}/v1/completions?autoload=false", json={**body, "model": "draft"}, timeout=30).json()
+    assert answer["model"] == "draft" and answer["choices"][0]["logprobs"]["content"][1]["top_logprobs"] == []
+    for model, message in ((None, "model name is missing from the request"), ("cold", "model is not loaded")):
+        named = {**body, "stream": True} | ({"model": model} if model else {})
+        refused = httpx.post(f"{router.url}/v1/completions?autoload=false&model=draft", json=named, timeout=30)
+        assert (refused.status_code, refused.json()["error"]["message"]) == (400, message)
+    assert router.status("cold") == "unloaded"
+
+
+def test_a_router_model_still_loading_answers_503_through_the_router(tmp_path: Path) -> None:
+    """/health is the router's own; a model's own loading state shows only through its /props or /slots."""
+    model = write_cycle_model(tmp_path / "cycle.gguf")
+    fifo = tmp_path / "draft-never-written.gguf"
+    os.mkfifo(fifo)  # the child blocks reading its draft model: it stays loading
+    preset = router_preset(tmp_path / "preset.ini", {
+        "stuck": ["--model", str(model), "--model-draft", str(fifo), "--spec-type", "draft-simple"],
+    })
+    def answer(path: str) -> tuple[int, object]:
+        got = httpx.get(f"{stuck_router.url}{path}", timeout=30)
+        try:
+            return got.status_code, got.json()
+        except ValueError:  # while the child starts, shown as text rather than failing on the decode
+            return got.status_code, got.text
+
+    with LlamaRouter(preset, models_max=1, log_dir=tmp_path) as stuck_router:
+        httpx.post(f"{stuck_router.url}/models/load", json={"model": "stuck"}, timeout=30).raise_for_status()
+        loading = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
+        wait_for(lambda: answer("/props?model=stuck&autoload=false") == (503, loading), 30,
+                 "the child's 503 through the router")
+        assert answer("/slots?model=stuck&autoload=false") == (503, loading)
+        assert answer("/health?model=stuck&autoload=false") == (200, {"status": "ok"})
+        assert stuck_router.status("stuck") == "loading"
