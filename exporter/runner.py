@@ -101,10 +101,15 @@ class Runner:
     def _unloaded(self, server: ServerConfig, key: str, change: Change | None) -> None:
         """After a router answered a canary that the model is not loaded."""
 
+    def _known_slots(self, server: ServerConfig) -> probes.KnownSlots:
+        """Which /slots answers the next poll of `server` may reuse: none by default."""
+        return probes.ask_always
+
     async def poll_once(self, server: ServerConfig) -> Measured[probes.ServerPoll]:
         """Poll `server` and record what it answered."""
         timeout = self.policy.timeout_for(server, canary=False)
-        measured = await self._measure(lambda: probes.poll(self.fetcher, server, timeout=timeout), timeout)
+        known = self._known_slots(server)
+        measured = await self._measure(lambda: probes.poll(self.fetcher, server, timeout=timeout, known=known), timeout)
         change = self.fleet.record_poll(server.name, result=measured.result, reason=measured.reason, detail=measured.detail,
                                         duration=measured.duration, now=self._clock())
         self._polled(server, measured, change)

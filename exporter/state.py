@@ -55,6 +55,8 @@ class ModelState:
     """This model's last /props and /slots; None when the last poll failed, found it not loaded, or none ran."""
     poll_failure: str | None = None
     """Why the last poll of it (or of its server) failed, as "reason: detail"."""
+    slots_at: float | None = None
+    """Unix time /slots was last asked (the poll reuses its answer while /props shows the same process)."""
     seen: tuple[object, ...] | None = None
     """The fingerprint of the last good poll, kept through failures so a restart with the same setup is told apart."""
     full_round_due: str | None = "new"
@@ -127,10 +129,10 @@ class ModelState:
             full_round_due=self.full_round_due or ("changed" if set(endpoints) - set(self.endpoints) else None),
         )
 
-    def polled(self, found: ModelPoll) -> ModelState:
+    def polled(self, found: ModelPoll, now: float) -> ModelState:
         """This model after a poll of its server that answered."""
         if not found.loaded:
-            return replace(self, status=found.status, poll=None, poll_failure=None)
+            return replace(self, status=found.status, poll=None, poll_failure=None, slots_at=None)
         if found.result is None:
             failure = found.failure
             return replace(self, status=found.status, poll=None, poll_failure=str(failure) if failure else "no answer")
@@ -142,6 +144,7 @@ class ModelState:
             due = self.full_round_due or ("back" if self.poll is None else None)
         return replace(
             self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen, full_round_due=due,
+            slots_at=now if found.slots_asked else self.slots_at,
             # Verdicts of what ran before a change say nothing about what runs now.
             canaries=_EMPTY if changed and self.seen is not None else self.canaries,
         )
@@ -233,14 +236,15 @@ class Fleet:
         if result is None or reason is not None:
             failure = f"{reason}: {detail}"
             # The server did not answer, so no model's status is known any more.
-            models = {key: replace(m, status=UNKNOWN, poll=None, poll_failure=failure) for key, m in old.models.items()}
+            models = {key: replace(m, status=UNKNOWN, poll=None, poll_failure=failure, slots_at=None)
+                      for key, m in old.models.items()}
             return self._update(
                 name, poll_success=False, poll_failure_reason=reason, poll_failure_detail=detail, poll_duration_seconds=duration,
                 poll_failures=_bumped(old.poll_failures, reason), poll_outcomes=_bumped(old.poll_outcomes, "failure"),
                 models=MappingProxyType(models),
             )
         # A router's listing decides which models exist; models it no longer lists vanish with their series.
-        models = {key: old.models.get(key, old._blank(key)).polled(found) for key, found in result.models.items()}
+        models = {key: old.models.get(key, old._blank(key)).polled(found, now) for key, found in result.models.items()}
         return self._update(
             name, router=result.router, poll_success=True, poll_failure_reason=None, poll_failure_detail="",
             poll_duration_seconds=duration, last_poll_success_timestamp=now,

@@ -82,6 +82,11 @@ def decide(evidence: Evidence) -> Decision:
     Fill-ins outrank a failing endpoint: they are proof, whatever the other endpoints do. Nothing is clean
     unless every endpoint asked was checked.
     """
+    if evidence.model_status == "sleeping":
+        return Decision(
+            Verdict.UNCHECKED,
+            "the model is sleeping (--sleep-idle-seconds): specwatch never wakes or loads a model to check it",
+        )
     if evidence.model_status not in (None, "loaded"):
         return Decision(
             Verdict.UNCHECKED,

@@ -20,7 +20,7 @@ def _result(*, speculative: bool = False, build: str = "b1") -> PollResult:
 
 
 def _polled(model: ModelState | None = None, **kw: object) -> ModelState:
-    return (model or ModelState("", ENDPOINTS)).polled(ModelPoll("loaded", _result(**kw)))
+    return (model or ModelState("", ENDPOINTS)).polled(ModelPoll("loaded", _result(**kw)), 0.0)
 
 
 def _after_round(model: ModelState, now: float, endpoints: tuple[Endpoint, ...] = ENDPOINTS, *, ok: bool = True,
@@ -43,7 +43,7 @@ def test_a_new_model_gets_every_endpoint_at_once() -> None:
 def test_nothing_is_due_for_a_model_that_cannot_answer() -> None:
     never_polled = ModelState("", ENDPOINTS)
     failed = replace(_polled(), poll=None, poll_failure="timeout: no answer")
-    unloaded = _polled().polled(ModelPoll("unloaded"))
+    unloaded = _polled().polled(ModelPoll("unloaded"), 0.0)
     assert [due(m, 0.0, interval=INTERVAL) for m in (never_polled, failed, unloaded)] == [None, None, None]
 
 

@@ -227,9 +227,10 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
         assert "FILL_INS: serves fill-in logprobs" in verdicts[speculating] and " YES " in verdicts[speculating]
     assert verdicts["router/cold"].endswith("unchecked: not loaded, and specwatch never loads a model")
     assert "(the router's cold model is still unloaded: nothing specwatch did loaded it)" in result.stdout
-    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith(("chat", "completion"))}
-    # Columns: plain, draft, ngram, router/plain, router/draft; each cell "fill-ins/tokens mean".
-    assert len(rows) == 5
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()
+            if line.startswith(("chat", "completion", "v1_completion"))}
+    # Columns: plain, draft, ngram, router/plain, router/draft; each cell "fill-ins/tokens after the first, mean".
+    assert sorted(rows) == sorted(e.value for e in Endpoint)
     assert all(cells[0] == "0/7" and cells[2] == "31/31" and cells[6] == "0/7" and cells[8] == "31/31" for cells in rows.values())
     assert "see it yourself" not in result.stdout and "--keep-running" in result.stdout.splitlines()[-1]
 

@@ -97,6 +97,9 @@ class PollRow:
 def _on(path: str, fault) -> Callable[[FaultServer, Any], str]:
     def arrange(server: FaultServer, _: Any) -> str:
         server.play(fault, path)
+        if path == "/slots":
+            # The poll asks /slots again only when /props shows another process: the server restarted.
+            server.fake.media_marker = "<__media_restarted__>"  # type: ignore[attr-defined]
         return server.url
 
     return arrange
@@ -154,8 +157,8 @@ POLL_ROWS: dict[str, PollRow] = {
     "403 on /slots": PollRow(_on("/slots", Status(403)), "unauthorized"),
     "404 on /props": PollRow(_on("/props", Status(404)), "not_found"),
     "501 on /props": PollRow(_on("/props", Status(501)), "not_supported"),
-    "503 loading on /health": PollRow(
-        _on("/health", Status(503, b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}')), "loading"
+    "503 loading on /props": PollRow(
+        _on("/props", Status(503, b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}')), "loading"
     ),
     "500 on /slots": PollRow(_on("/slots", Status(500)), "server_error"),
     "502 from a proxy": PollRow(_on("/props", Status(502, b"<html>Bad Gateway</html>")), "server_error"),
@@ -412,7 +415,7 @@ async def test_timeouts_under_load_never_strand_a_connection(clients) -> None:
     """A timeout that lands during httpcore's cleanup used to leave the connection checked out, its socket open for good."""
     import time
 
-    servers = [FaultServer().play(Hang(0.6), "/health").start() for _ in range(20)]
+    servers = [FaultServer().play(Hang(0.6), "/props").start() for _ in range(20)]
     try:
         config = Settings(servers=[{"name": f"s{i}", "url": s.url} for i, s in enumerate(servers)], poll_timeout=0.3)
         watcher = Watcher(config, Fleet(config.servers, config.canary_endpoints), Fetcher(clients(), config.max_response_bytes))

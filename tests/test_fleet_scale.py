@@ -48,7 +48,7 @@ async def test_a_thousand_servers_are_all_polled_within_one_interval(thousand_se
                                       poll_interval=f"{POLL_INTERVAL:g}s", canary_interval="1h"))
     daemon = Daemon(config, load_settings(config))
     port = free_port()
-    requests_before = thousand_servers.stats()["by_path"].get("/health", 0)
+    requests_before = thousand_servers.stats()["by_path"].get("/props", 0)
     started = time.time()
     running = asyncio.create_task(daemon.run("127.0.0.1", port))
     first_success: dict[str, float] = {}
@@ -70,7 +70,7 @@ async def test_a_thousand_servers_are_all_polled_within_one_interval(thousand_se
     assert latest <= 1.5 * POLL_INTERVAL, f"the last server was first polled after {latest:.1f}s"
     # Phase-spread: the fleet is polled across the interval, not in one burst at start.
     assert min(first_success.values()) < 0.3 * POLL_INTERVAL < 0.7 * POLL_INTERVAL < latest
-    polled = thousand_servers.stats()["by_path"].get("/health", 0) - requests_before
+    polled = thousand_servers.stats()["by_path"].get("/props", 0) - requests_before
     assert FLEET <= polled <= 3 * FLEET, "each server is polled about once per interval, not hammered"
     for server in snapshot:
         speculating = server.config.labels["kind"] == "speculating"

@@ -79,10 +79,10 @@ BAD_CONFIGS = [
      "servers[0] (a).url: 'localhost:8080' has no scheme: add http:// (or https://), e.g. 'http://localhost:8080'"),
     ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1'}\n",
      "servers[0] (a).url: 'http://10.0.0.5:8080' ends in /v1: give the server's root (http://10.0.0.5:8080); specwatch "
-     "calls /health, /props, /slots, /completion and /v1/chat/completions itself"),
+     "calls /props, /slots, /completion, /v1/completions and /v1/chat/completions itself"),
     ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1/chat/completions'}\n",
      "servers[0] (a).url: 'http://10.0.0.5:8080' ends in /v1/chat/completions: give the server's root "
-     "(http://10.0.0.5:8080); specwatch calls /health, /props, /slots, /completion and /v1/chat/completions itself"),
+     "(http://10.0.0.5:8080); specwatch calls /props, /slots, /completion, /v1/completions and /v1/chat/completions itself"),
     ("servers:\n  - {name: a, url: 'http://h:1', labels: {__x: y}}\n",
      "servers[0] (a).labels: label name(s) ['__x'] start with '__', which Prometheus reserves for its own labels"),
     ("servers:\n  - {name: a, url: 'http://h:1', api_key_file: /nonexistent/key, api_key_env: HOME}\n",

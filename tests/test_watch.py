@@ -6,7 +6,9 @@ import asyncio
 
 import httpx
 
+from exporter.probe.canary import Endpoint
 from exporter.reasons import Reason
+from exporter.verdict import Verdict
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 
@@ -223,3 +225,67 @@ async def test_periodic_canaries_are_spaced_by_the_configured_token_sizes(make_w
     # A speculating server asked for 32 tokens (4 x canary_tokens) waits two intervals; asked for 8, one.
     assert await attempts_after(60, canary_interval=60, canary_tokens=8, canary_tokens_speculating=32) == 1
     assert await attempts_after(60, canary_interval=60, canary_tokens=8, canary_tokens_speculating=8) == 2
+
+
+def _paths(fake: FakeLlama) -> list[str]:
+    return [r.url.path for r in fake.requests]
+
+
+async def test_a_steady_poll_asks_props_alone_and_slots_when_the_process_changes(make_watcher, clock) -> None:
+    fake = FakeLlama.plain(tokens=8)
+    watcher = make_watcher({"srv": fake}, canary_tokens=8, canary_interval=60)
+    await watcher.poll("srv")
+    assert _paths(fake) == ["/props", "/slots"]  # no /health: /props answers everything it did
+    for _ in range(3):
+        clock.advance(15)
+        await watcher.poll("srv")
+    assert _paths(fake)[2:] == ["/props"] * 3, "the same process: its /slots answer still holds"
+    clock.advance(15)  # a minute since /slots was asked: asked again, in case a build keeps its marker
+    await watcher.poll("srv")
+    assert _paths(fake)[5:] == ["/props", "/slots"]
+    fake.media_marker, fake.speculative = "<__media_restarted__>", True  # restarted with speculation on
+    fake.fill_ins, fake.drafts = set(range(1, 8)), 8
+    clock.advance(15)
+    await watcher.poll("srv")
+    assert _paths(fake)[7:] == ["/props", "/slots"]
+    model = watcher.fleet.get("srv").model()
+    assert model.poll.slots.speculative and model.full_round_due == "changed"
+
+
+async def test_a_build_without_a_media_marker_gets_slots_at_every_poll(make_watcher, clock) -> None:
+    fake = FakeLlama.plain(tokens=8, media_marker="")
+    watcher = make_watcher({"srv": fake}, canary_tokens=8)
+    for _ in range(3):
+        await watcher.poll("srv")
+        clock.advance(15)
+    assert _paths(fake) == ["/props", "/slots"] * 3
+
+
+async def test_a_sleeping_server_is_left_asleep(make_watcher, clock) -> None:
+    fake = FakeLlama.draft(tokens=8, sleeping=True)
+    watcher = make_watcher({"srv": fake}, canary_tokens=8)
+    for _ in range(6):
+        await watcher.tick("srv")
+        await asyncio.gather(*watcher._rounds)
+        clock.advance(60)
+    assert (fake.woken, set(_paths(fake))) == (0, {"/props"})
+    model = watcher.fleet.get("srv").model()
+    assert model.decision.verdict is Verdict.UNCHECKED and "sleeping" in model.decision.summary
+    samples = parse(exposition(watcher.fleet))
+    assert value(samples, "specwatch_model_loaded", server="srv") == 0 and value(samples, "specwatch_up", server="srv") == 1
+    fake.sleeping = False  # an eval woke it: the next poll finds it awake and canaries it
+    await watcher.tick("srv")
+    await asyncio.gather(*watcher._rounds)
+    assert watcher.fleet.get("srv").model().decision.verdict is Verdict.FILL_INS
+    assert value(parse(exposition(watcher.fleet)), "specwatch_model_loaded", server="srv") is None
+
+
+async def test_check_asks_slots_every_time(clock) -> None:
+    from exporter.check import run_check
+    from exporter.settings.schema import ServerConfig
+
+    fake = FakeLlama.plain(tokens=8)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(fake))  # run_check closes it
+    await run_check(ServerConfig(name="x", url="http://srv:8080"), endpoints=[Endpoint.CHAT], tokens=8, timeout=5,
+                    client=client)
+    assert _paths(fake)[:2] == ["/props", "/slots"]

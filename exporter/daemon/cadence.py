@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.probe.canary import Endpoint
+from exporter.probe.llama import Props, Slots
 from exporter.settings.schema import Settings
 from exporter.state import ModelState
 
@@ -88,3 +89,17 @@ def freshness_bound(model: ModelState, *, poll_interval: float, interval: float,
     """
     every = spacing(model, interval=interval, tokens=tokens, tokens_speculating=tokens_speculating)
     return every * (len(model.endpoints) + 1) + poll_interval + timeout
+
+
+def slots_known(model: ModelState | None, props: Props, now: float, *, max_age: float) -> tuple[bool, Slots | None]:
+    """Whether the poll may reuse this model's known /slots answer instead of asking (see probes.KnownSlots).
+
+    Speculation is set when a server starts, and /props shows a new start (its media_marker is random per process):
+    while /props shows the same process, /slots says what it said, and is asked again only after `max_age` (the
+    canary_interval), so a build whose marker stays put is still re-read. A build with no marker is asked every poll.
+    """
+    if model is None or model.poll is None or model.slots_at is None:
+        return False, None
+    if props.media_marker is None or props.identity != model.poll.props.identity or now - model.slots_at >= max_age:
+        return False, None
+    return True, model.poll.slots

@@ -11,10 +11,11 @@ from typing import Any
 
 import structlog
 
-from exporter.daemon.cadence import Round, due
+from exporter.daemon.cadence import Round, due, slots_known
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.fetch import Fetcher
-from exporter.probe.probes import PLAIN
+from exporter.probe.llama import Props, Slots
+from exporter.probe.probes import PLAIN, KnownSlots
 from exporter.runner import Measured, Runner
 from exporter.settings.schema import ServerConfig, Settings
 from exporter.state import Change, Fleet, ModelState
@@ -119,6 +120,14 @@ class Watcher(Runner):
             log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard(("poll", name))
+
+    def _known_slots(self, server: ServerConfig) -> KnownSlots:
+        state, now, max_age = self.fleet.get(server.name), self._clock(), self.settings.canary_interval
+
+        def known(key: str, props: Props) -> tuple[bool, Slots | None]:
+            return slots_known(state.models.get(key) if state is not None else None, props, now, max_age=max_age)
+
+        return known
 
     def _polled(self, server: ServerConfig, measured: Measured[object], change: Change | None) -> None:
         name, duration = server.name, round(measured.duration, 4)

@@ -126,9 +126,9 @@ def _report(samples: dict) -> str:
         for _, server, model in canaried:
             where = _labels(server, model, endpoint=endpoint)
             fills = _get(samples, "specwatch_canary_placeholder_tokens", **where)
-            tokens = _get(samples, "specwatch_canary_tokens", **where)
+            judged = _get(samples, "specwatch_canary_tokens", **where)  # the tokens after the first
             mean = _get(samples, "specwatch_canary_mean_logprob", **where)
-            cell = "failed" if fills is None or tokens is None else f"{fills:.0f}/{tokens - 1:.0f} {mean:+.3f}"
+            cell = "failed" if fills is None or judged is None else f"{fills:.0f}/{judged:.0f} {mean:+.3f}"
             cells.append(f"{cell:>15}")
         lines.append(f"{endpoint:<25}" + "".join(cells))
     return "\n".join(lines)

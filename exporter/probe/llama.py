@@ -30,6 +30,15 @@ class Props:
     n_ctx: int | None = None
     role: str | None = None
     """"router" for a llama-server started with --models-preset/--models-dir; absent on a server that runs a model."""
+    media_marker: str | None = None
+    """Random per process start (build 11434): a new one means the server restarted, whatever else stayed the same."""
+    sleeping: bool = False
+    """`is_sleeping`: the server unloaded its model after --sleep-idle-seconds; /slots or a completion would wake it."""
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """What tells one running process from another: a new identity is a restart or another setup."""
+        return self.media_marker, self.model, self.build, self.n_ctx, self.total_slots, self.speculation_types
 
     @property
     def router(self) -> bool:
@@ -109,6 +118,10 @@ def parse_props(data: Any) -> Props:
     n_ctx = _count(settings.get("n_ctx"), "/props default_generation_settings.n_ctx", 1 << 40)
     alias = _optional_str(data, "model_alias")
     path = _optional_str(data, "model_path")
+    marker = data.get("media_marker")
+    sleeping = data.get("is_sleeping")
+    if sleeping is not None and not isinstance(sleeping, bool):
+        raise _shape_error("/props is_sleeping is not a boolean")
     return Props(
         speculation_types=types,
         total_slots=total_slots,
@@ -116,6 +129,8 @@ def parse_props(data: Any) -> Props:
         build=label_safe(_optional_str(data, "build_info")),
         n_ctx=n_ctx,
         role=label_safe(role) if role is not None else None,
+        media_marker=marker[:MAX_LABEL_CHARS] if isinstance(marker, str) and marker else None,
+        sleeping=bool(sleeping),
     )
 
 

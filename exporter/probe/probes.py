@@ -1,9 +1,9 @@
-"""Probes of one llama-server: the poll (/health, /props, /slots; a router's /models) and the canary; they know no metrics."""
+"""Probes of one llama-server: the poll (/props, /slots when due; a router's /models) and the canary; they know no metrics."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -46,10 +46,12 @@ class ModelPoll:
     """What a poll found for one watched model: its status, and its answers when it is loaded."""
 
     status: str
-    """"loaded" for a server that runs its model itself; the router's status value otherwise."""
+    """"loaded" for a server that runs its model itself ("sleeping" while it sleeps); the router's status otherwise."""
     result: PollResult | None = None
     failure: ProbeFailure | None = None
     """Why this model's /props or /slots failed while the server itself answered."""
+    slots_asked: bool = True
+    """Whether /slots was asked this time; False when the known answer still held (see KnownSlots)."""
 
     @property
     def loaded(self) -> bool:
@@ -106,14 +108,31 @@ def auth_headers(target: Target) -> dict[str, str]:
     return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
 
 
+KnownSlots = Callable[[str, Props], "tuple[bool, Slots | None]"]
+"""Given a model's key and its fresh /props: (True, the known /slots answer) to reuse it, or (False, None) to ask.
+
+/slots changes only when the process does (no request can switch speculation), and asking it wakes a sleeping server:
+the watcher asks again when /props shows another process, or when its answer grew old."""
+
+
+def ask_always(key: str, props: Props) -> tuple[bool, Slots | None]:
+    """Ask /slots at every poll: what a one-shot check does."""
+    return False, None
+
+
 def _model_query(model: str) -> str:
     # autoload=false: a router answers "model is not loaded" instead of loading it. A monitor never loads a model.
     return f"?model={quote(model, safe='')}&autoload=false"
 
 
-async def poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPoll:
+async def poll(fetcher: Fetcher, target: Target, *, timeout: float, known: KnownSlots = ask_always) -> ServerPoll:
+    """/props (and a router's /models and each loaded model's /props), and /slots unless `known` says it still holds.
+
+    No /health: /props answers everything it does (503 while loading, before any key is checked; 401 once loaded
+    when the key is wrong) and more. A server that sleeps is left asleep: its model counts as "sleeping".
+    """
     with _secret_free(target):
-        return await _poll(fetcher, target, timeout=timeout)
+        return await _poll(fetcher, target, timeout=timeout, known=known)
 
 
 async def canary(
@@ -154,9 +173,8 @@ async def _slots(fetcher: Fetcher, url: str, headers: dict[str, str], timeout: f
         raise
 
 
-async def _poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPoll:
+async def _poll(fetcher: Fetcher, target: Target, *, timeout: float, known: KnownSlots) -> ServerPoll:
     headers = auth_headers(target)
-    await fetcher.get_json(f"{target.url}/health", headers=headers, timeout=timeout)
     # No model in this query: a router answers for itself, and nothing gets loaded.
     raw_props = await fetcher.get_json(f"{target.url}/props", headers=headers, timeout=timeout)
     props = _labels_redacted(parse_props(raw_props), _key(target))
@@ -165,17 +183,23 @@ async def _poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPo
         wanted = [m for m in listing if target.model in (None, m.id)]
         if target.model and not wanted:
             raise ProbeFailure(Reason.MODEL_MISMATCH, f"the router lists no model {target.model!r}")
-        polls = await asyncio.gather(*(_router_model(fetcher, target, m, headers, timeout) for m in wanted))
+        polls = await asyncio.gather(*(_router_model(fetcher, target, m, headers, timeout, known) for m in wanted))
         return ServerPoll(router=True, models=MappingProxyType(dict(zip((m.id for m in wanted), polls, strict=True))))
     if target.model and target.model not in model_names(raw_props):
         raise ProbeFailure(Reason.MODEL_MISMATCH, f"configured model {target.model!r}, server runs {props.model!r}")
-    slots = await _slots(fetcher, f"{target.url}/slots", headers, timeout)
-    only = ModelPoll("loaded", PollResult(props, slots))
-    return ServerPoll(router=False, models=MappingProxyType({target.model or PLAIN: only}))
+    key = target.model or PLAIN
+    reuse, slots = known(key, props)
+    if props.sleeping:
+        only = ModelPoll("sleeping", PollResult(props, slots), slots_asked=False)  # asking /slots would wake it
+    elif reuse:
+        only = ModelPoll("loaded", PollResult(props, slots), slots_asked=False)
+    else:
+        only = ModelPoll("loaded", PollResult(props, await _slots(fetcher, f"{target.url}/slots", headers, timeout)))
+    return ServerPoll(router=False, models=MappingProxyType({key: only}))
 
 
 async def _router_model(
-    fetcher: Fetcher, target: Target, model: RouterModel, headers: dict[str, str], timeout: float
+    fetcher: Fetcher, target: Target, model: RouterModel, headers: dict[str, str], timeout: float, known: KnownSlots
 ) -> ModelPoll:
     """A loaded model's own /props and /slots, through the router; a model that is not loaded is left alone."""
     if not model.loaded:
@@ -185,12 +209,14 @@ async def _router_model(
         props = parse_props(await fetcher.get_json(f"{target.url}/props{query}", headers=headers, timeout=timeout))
         if props.router:
             raise ProbeFailure(Reason.INVALID_RESPONSE, f"/props for model {model.id!r} answered for the router")
-        slots = await _slots(fetcher, f"{target.url}/slots{query}", headers, timeout)
+        reuse, slots = known(model.id, props)
+        if not reuse:
+            slots = await _slots(fetcher, f"{target.url}/slots{query}", headers, timeout)
     except ProbeFailure as failure:
         if failure.reason is Reason.NOT_LOADED:
             return ModelPoll("unloaded")  # unloaded between the listing and now
         return ModelPoll(model.status, failure=_redacted(failure, _key(target)))
-    return ModelPoll(model.status, PollResult(_labels_redacted(props, _key(target)), slots))
+    return ModelPoll(model.status, PollResult(_labels_redacted(props, _key(target)), slots), slots_asked=not reuse)
 
 
 async def _canary(

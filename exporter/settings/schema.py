@@ -183,7 +183,7 @@ class ServerConfig(_KeyedTargets):
             root = _server_root(text) if path == ending else f"the URL without its {ending} ending"
             raise ValueError(
                 f"{_server_root(text)!r} ends in {ending}: give the server's root ({root}); specwatch calls "
-                "/health, /props, /slots, /completion and /v1/chat/completions itself"
+                "/props, /slots, /completion, /v1/completions and /v1/chat/completions itself"
             )
         return text.rstrip("/")
 

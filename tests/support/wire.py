@@ -199,6 +199,10 @@ class FakeLlama(Lookalike):
     n_ctx: int = 2048
     total_slots: int = 1
     sleeping: bool = False
+    woken: int = 0
+    """Times a request woke it from sleep: /slots and completions do on build 11434, /props and /metrics do not."""
+    media_marker: str = "<__media_ZRefuJL0mt442eTQzb1VegzIir8TBBOg__>"
+    """Random per process start on a real server: change it to restart this one."""
     requests: list[Any] = field(default_factory=list)
     """The httpx.Requests it answered as a mock transport handler."""
     counters: Counters = field(default_factory=Counters, compare=False)
@@ -230,6 +234,9 @@ class FakeLlama(Lookalike):
         if (before := self.health_or_refusal(request)) is not None:
             return before
         path, method = request.path, request.method
+        if self.sleeping and (path == "/slots" or (method == "POST" and path in COMPLETION_PATHS)):
+            self.sleeping = False
+            self.woken += 1
         if method in GET:
             if path == "/props":
                 return self._props()
@@ -251,7 +258,7 @@ class FakeLlama(Lookalike):
 
     def _props(self) -> Answer:
         key = (self.props_types, self.model_alias, self.model_path, self.build_info, self.n_ctx, self.total_slots,
-               self.slots_enabled, self.metrics_enabled, self.sleeping)
+               self.slots_enabled, self.metrics_enabled, self.sleeping, self.media_marker)
         return self._memoised("props", key, lambda: json_answer(200, {
             "default_generation_settings": {"params": {**GENERATION_PARAMS, "speculative.types": self.props_types},
                                             "n_ctx": self.n_ctx},
@@ -260,7 +267,7 @@ class FakeLlama(Lookalike):
             "model_ftype": "Q4_K - Medium",
             "model_path": self.path,
             "modalities": {"vision": False, "video": False, "audio": False},
-            "media_marker": "<__media_ZRefuJL0mt442eTQzb1VegzIir8TBBOg__>",
+            "media_marker": self.media_marker,
             "endpoint_slots": self.slots_enabled, "endpoint_props": False, "endpoint_metrics": self.metrics_enabled,
             "ui": True, "ui_settings": {},
             "chat_template": CHAT_TEMPLATE,

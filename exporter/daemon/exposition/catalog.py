@@ -26,7 +26,7 @@ _CACHED = "Cached from the last successful canary, refreshed every canary_interv
 _POLLED = "From the last poll, every poll_interval."
 SERVER: tuple[Family, ...] = (
     Family("specwatch_up", "gauge", (),
-           f"1 when the last poll of /health, /props and /slots got valid answers, else 0. {_POLLED}"),
+           f"1 when the last poll (/props, and /slots when due) got valid answers, else 0. {_POLLED}"),
     Family("specwatch_speculation_enabled", "gauge", ("source",),
            f"1 when the endpoint named by source reports speculative decoding on, 0 off; absent when unknown. {_POLLED}"),
     Family("specwatch_speculation_contradiction", "gauge", (),

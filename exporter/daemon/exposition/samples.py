@@ -69,7 +69,7 @@ def answer_samples(out: Sink, server: ServerState) -> None:
     """What the poll's answers say: loaded models, speculation per /slots and /props, slots, build and model."""
     for key, model in server.models.items():
         extra = _model(key)
-        if server.router:
+        if server.router or model.status == "sleeping":
             out.add("specwatch_model_loaded", extra, int(model.loaded))
         poll = model.poll
         if poll is None:
