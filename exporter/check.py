@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
+from exporter import oneserver
 from exporter.probe import probes
-from exporter.probe.canary import Endpoint
+from exporter.probe.canary import TABLE, Endpoint
 from exporter.probe.fetch import Fetcher, new_client
-from exporter.reasons import ProbeFailure
+from exporter.reasons import ProbeFailure, Reason
 from exporter.report import EndpointReport, ModelReport, model_report
-from exporter.runner import Runner
+from exporter.runner import Runner, measure
 from exporter.settings.schema import ServerConfig
 from exporter.state import Fleet, ServerState
 from exporter.verdict import NOTHING_LOADED, Decision, Verdict, worst
@@ -54,6 +56,16 @@ class CheckReport:
     router: bool = False
     models: list[ModelReport] = field(default_factory=list)
     """A router's models, each with its own verdict; `verdict` is then the worst of the models checked."""
+    reason: str | None = None
+    """The closed-set reason the poll failed (see the README), when it did."""
+    api_key_sent: bool = False
+    """Whether a key went with the requests: an `unauthorized` with none asks for one, with one says it was refused."""
+    signs: list[str] = field(default_factory=list)
+    """Answers that cannot come from one server (a load balancer in front): any of them makes the verdict unchecked."""
+    gateway: bool = False
+    """Only /v1/* could be reached (an OpenAI-compatible front end): judged from the /v1 endpoints alone."""
+    unreachable: list[str] = field(default_factory=list)
+    """The poll endpoints the front end did not forward."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +78,7 @@ async def run_check(
     tokens: int,
     timeout: float,
     max_bytes: int = 4 * 1024 * 1024,
-    client: httpx.AsyncClient | None = None,
+    connect: Callable[[], httpx.AsyncClient] = new_client,
     load: bool = False,
 ) -> CheckReport:
     """Poll the server and canary every loaded model (the configured one with `server.model`), through the runner.
@@ -74,29 +86,78 @@ async def run_check(
     Nothing is ever loaded unless `load` asks for the configured model: a check must not change what it checks.
     """
     server = server.model_copy(update={"name": CHECKED})
-    fleet = Fleet([server], endpoints)
-    async with client or new_client() as http:
+    policy = CheckPolicy(tokens, timeout)
+    async with connect() as http:
         fetcher = Fetcher(http, max_bytes)
-        runner = Runner(fleet, fetcher, CheckPolicy(tokens, timeout))
+        runner = Runner(Fleet([server], endpoints), fetcher, policy)
         polled = await runner.poll_once(server)
-        if load and server.model and polled.result is not None and polled.result.router \
+        gateway = polled.reason is Reason.NOT_FOUND
+        if gateway:
+            # llama-server answers /props; a front end that forwards only /v1/* does not: judge through /v1.
+            endpoints = [e for e in endpoints if TABLE[e].path.startswith("/v1/")]
+            if not endpoints:
+                return _decided(CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES)), Decision(
+                    Verdict.UNCHECKED, "only /v1/* answers here (an OpenAI-compatible front end?), and the endpoints "
+                    "asked for need /completion: ask for v1_completion or chat"))
+            runner = Runner(Fleet([server], endpoints), fetcher, policy)
+            polled = await runner.poll_once_with(server, probes.gateway_poll)
+        elif load and server.model and polled.result is not None and polled.result.router \
                 and not polled.result.models[server.model].loaded:
             try:
                 await probes.load(fetcher, server, server.model, timeout=timeout)
             except ProbeFailure as failure:
                 return _decided(CheckReport(url=server.url), Decision(Verdict.UNCHECKED, f"could not load the model: {failure}"))
-            await runner.poll_once(server)
-        state = fleet.get(CHECKED)
-        assert state is not None  # a fleet of one, never reloaded
-        for key, model in state.models.items():
+            polled = await runner.poll_once(server)
+        for key, model in _state(runner).models.items():
             if model.poll is not None:
                 await runner.round(server, key, endpoints, full=True)
-    return report_of(server, fleet.get(CHECKED) or state)
+        one_server = not gateway and polled.result is not None and not polled.result.router
+        again = await _polls_anew(server, policy, max_bytes, connect) if one_server else []
+    report = report_of(server, _state(runner))
+    if gateway:
+        report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
+        report.summary += (" (through a front end that forwards only /v1/*: /props and /slots answer 404 there, so "
+                           "speculation cannot be seen; judged from the /v1 endpoints)")
+    model = _state(runner).model()
+    if again and model is not None and model.poll is not None:
+        tallies = [c.tally for c in model.canaries.values() if c.tally is not None]
+        report.signs = oneserver.signs(model.poll, again, model.model, tallies)
+        if report.signs:
+            why = f"answers cannot come from one server: {'; '.join(report.signs)}; {oneserver.HINT}"
+            return _decided(report, Decision(Verdict.UNCHECKED, why))
+    return report
+
+
+GATEWAY_HIDES = ("/props", "/slots")
+
+
+def _state(runner: Runner) -> ServerState:
+    state = runner.fleet.get(CHECKED)
+    assert state is not None  # a fleet of one, never reloaded
+    return state
+
+
+AGAIN = 2
+"""Polls made after the canaries, each on a connection of its own: a balancer that picks a replica per connection (or
+per request) shows another server's /props to one of them."""
+
+
+async def _polls_anew(
+    server: ServerConfig, policy: CheckPolicy, max_bytes: int, connect: Callable[[], httpx.AsyncClient]
+) -> list[probes.ServerPoll | Reason]:
+    found: list[probes.ServerPoll | Reason] = []
+    for _ in range(AGAIN):
+        async with connect() as fresh:
+            fetcher = Fetcher(fresh, max_bytes)
+            measured = await measure(lambda fetcher=fetcher: probes.poll(fetcher, server, timeout=policy.timeout), policy.timeout)
+        found.append(measured.result if measured.result is not None else measured.reason or Reason.INTERNAL)
+    return found
 
 
 def report_of(server: ServerConfig, state: ServerState) -> CheckReport:
     """The check's report from what the runner recorded: the server's one model, or every model of a router."""
-    report = CheckReport(url=server.url)
+    report = CheckReport(url=server.url, api_key_sent=server.api_key is not None,
+                         reason=state.poll_failure_reason.value if state.poll_failure_reason else None)
     checked = [(model_report(key, model), model.decision) for key, model in state.models.items()]
     if not state.router:
         ((only, decision),) = checked
@@ -117,7 +178,11 @@ def report_of(server: ServerConfig, state: ServerState) -> CheckReport:
 
 
 def _decided(report: CheckReport, decision: Decision) -> CheckReport:
-    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
+    summary = decision.summary
+    if report.reason == Reason.UNAUTHORIZED.value:
+        summary += ("; the API key sent was refused" if report.api_key_sent
+                    else "; no API key was sent: give --api-key-file or --api-key-env")
+    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, summary
     return report
 
 

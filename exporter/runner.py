@@ -18,6 +18,12 @@ from exporter.state import Change, Fleet, ModelState
 from exporter.verdict import Verdict
 
 T = TypeVar("T")
+
+
+class PollProbe(Protocol):
+    def __call__(self, fetcher: Fetcher, target: ServerConfig, *, timeout: float) -> Awaitable[probes.ServerPoll]: ...
+
+
 PASSES = 2
 """A full round that proves nothing on a speculating model runs once more: n-gram speculation learns from the first
 pass (it has seen the canary text) and drafts on the second."""
@@ -107,9 +113,14 @@ class Runner:
 
     async def poll_once(self, server: ServerConfig) -> Measured[probes.ServerPoll]:
         """Poll `server` and record what it answered."""
-        timeout = self.policy.timeout_for(server, canary=False)
         known = self._known_slots(server)
-        measured = await self._measure(lambda: probes.poll(self.fetcher, server, timeout=timeout, known=known), timeout)
+        return await self.poll_once_with(server, lambda fetcher, target, *, timeout: probes.poll(
+            fetcher, target, timeout=timeout, known=known))
+
+    async def poll_once_with(self, server: ServerConfig, probe: PollProbe) -> Measured[probes.ServerPoll]:
+        """Poll `server` with `probe` (the usual poll, or what a front end that forwards only /v1/* allows) and record it."""
+        timeout = self.policy.timeout_for(server, canary=False)
+        measured = await self._measure(lambda: probe(self.fetcher, server, timeout=timeout), timeout)
         change = self.fleet.record_poll(server.name, result=measured.result, reason=measured.reason, detail=measured.detail,
                                         duration=measured.duration, now=self._clock())
         self._polled(server, measured, change)

@@ -16,8 +16,8 @@ from tests.support.wire import FakeLlama
 
 async def _check(fake: FakeLlama, **server_kw: object):
     server = ServerConfig(name="check", url="http://srv:8080", **server_kw)
-    client = httpx.AsyncClient(transport=httpx.MockTransport(fake))
-    return await run_check(server, endpoints=list(Endpoint), tokens=16, timeout=5, client=client)
+    return await run_check(server, endpoints=list(Endpoint), tokens=16, timeout=5,
+                           connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
 
 
 async def test_plain_server_is_clean() -> None:
@@ -85,7 +85,7 @@ async def test_no_logprobs_is_unchecked_not_clean() -> None:
 
     server = ServerConfig(name="check", url="http://srv:8080")
     report = await run_check(server, endpoints=[Endpoint.CHAT, Endpoint.COMPLETION], tokens=8, timeout=5,
-                             client=httpx.AsyncClient(transport=httpx.MockTransport(stripped)))
+                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(stripped)))
     assert (report.verdict, report.exit_code) == ("unchecked", Verdict.UNCHECKED.exit_code)
     assert "no_logprobs" in report.summary
 
@@ -112,5 +112,145 @@ async def test_mixed_failure_never_reads_as_clean(fake: FakeLlama) -> None:
 
     server = ServerConfig(name="check", url="http://srv:8080")
     report = await run_check(server, endpoints=list(Endpoint), tokens=8, timeout=5,
-                             client=httpx.AsyncClient(transport=httpx.MockTransport(flaky)))
+                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(flaky)))
     assert report.exit_code != Verdict.CLEAN.exit_code and calls == 3
+
+
+class Balancer:
+    """Replicas behind one address: per request in turn, or per connection (a client) in turn."""
+
+    def __init__(self, *replicas: FakeLlama, per: str = "request") -> None:
+        self.replicas, self.per, self.turn = replicas, per, 0
+
+    def connect(self) -> httpx.AsyncClient:
+        if self.per == "connection":
+            replica = self.replicas[self.turn % len(self.replicas)]
+            self.turn += 1
+            return httpx.AsyncClient(transport=httpx.MockTransport(replica))
+        return httpx.AsyncClient(transport=httpx.MockTransport(self._next))
+
+    def _next(self, request: httpx.Request) -> httpx.Response:
+        replica = self.replicas[self.turn % len(self.replicas)]
+        self.turn += 1
+        return replica(request)
+
+
+@pytest.mark.parametrize("per", ["request", "connection"])
+@pytest.mark.parametrize("first", [0, 1])
+async def test_a_balancer_in_front_of_a_plain_and_a_draft_server_is_never_clean(per: str, first: int) -> None:
+    plain, draft = FakeLlama.plain(), FakeLlama.draft()
+    draft.media_marker = "<__media_other_process__>"
+    balancer = Balancer(*((plain, draft) if first == 0 else (draft, plain)), per=per)
+    report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=list(Endpoint), tokens=16, timeout=5,
+                             connect=balancer.connect)
+    assert (report.verdict, report.exit_code) == ("unchecked", 2), report.summary
+    assert report.signs and "answers cannot come from one server" in report.summary and "--exporter" in report.summary
+
+
+async def test_one_server_behind_a_balancer_shows_no_sign() -> None:
+    report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=list(Endpoint), tokens=16, timeout=5,
+                             connect=Balancer(FakeLlama.plain(), FakeLlama.plain(), per="request").connect)
+    # Two replicas of one process would share a marker; these do (the wire model's): alike in every answer, clean.
+    assert (report.verdict, report.signs) == ("clean", [])
+
+
+@pytest.mark.parametrize(("change", "sign"), [
+    ({"media_marker": "<__media_restarted__>"}, "/props changed between requests"),
+    ({"build_info": "b11500-abc"}, "/props changed between requests"),
+    ({"model_alias": "other.gguf"}, "/props changed between requests"),
+    ({"total_slots": 4}, "/props changed between requests"),
+])
+async def test_props_that_change_between_requests_are_a_sign(change: dict, sign: str) -> None:
+    changed = FakeLlama.plain(**change)
+    balancer = Balancer(FakeLlama.plain(), changed, per="connection")
+    report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=[Endpoint.COMPLETION], tokens=16,
+                             timeout=5, connect=balancer.connect)
+    assert report.verdict == "unchecked" and any(s.startswith(sign) for s in report.signs), report.signs
+
+
+async def test_slots_off_while_a_canary_drafted_is_a_sign() -> None:
+    # /props and /slots from a plain replica, the canaries from a draft one that shares its marker.
+    plain, draft = FakeLlama.plain(), FakeLlama.draft()
+    served: list[str] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        served.append(request.url.path)
+        return (draft if request.method == "POST" else plain)(request)
+
+    report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=[Endpoint.CHAT], tokens=16, timeout=5,
+                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(route)))
+    assert report.verdict == "unchecked"
+    assert report.signs == ["/slots says speculation is off, yet a canary drafted (timings.draft_n or fill-ins)"]
+
+
+async def test_a_canary_answered_by_another_model_is_a_sign() -> None:
+    plain, other = FakeLlama.plain(), FakeLlama.plain(model_alias="qwen3-8b.gguf")
+
+    def route(request: httpx.Request) -> httpx.Response:
+        return (other if request.method == "POST" else plain)(request)
+
+    report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=[Endpoint.CHAT], tokens=16, timeout=5,
+                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(route)))
+    assert report.verdict == "unchecked"
+    assert report.signs == ["a canary was answered by model 'qwen3-8b.gguf' where /props says 'tiny.gguf'"]
+
+
+def _gateway(fake: FakeLlama):
+    """A front end that forwards only /v1/* (LiteLLM-style), and wants the model named."""
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.startswith("/v1/"):
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if request.method == "POST" and json.loads(request.content).get("model") != "tiny.gguf":
+            return httpx.Response(400, json={"error": {"message": "model is required"}})
+        return fake(request)
+
+    return lambda: httpx.AsyncClient(transport=httpx.MockTransport(forward))
+
+
+@pytest.mark.parametrize(("fake", "verdict"), [(FakeLlama.draft(tokens=None), "fill_ins"),
+                                               (FakeLlama.plain(tokens=None), "clean"),
+                                               (FakeLlama.future_fixed(tokens=None), "clean")])
+async def test_an_openai_only_front_end_is_judged_through_its_v1_endpoints(fake: FakeLlama, verdict: str) -> None:
+    report = await run_check(ServerConfig(name="c", url="http://gw:4000"), endpoints=list(Endpoint), tokens=48, timeout=5,
+                             connect=_gateway(fake))
+    assert report.verdict == verdict, report.summary
+    assert (report.gateway, report.unreachable) == (True, ["/props", "/slots"])
+    assert {e.endpoint for e in report.endpoints} == {"v1_completion", "v1_completion_stream", "chat", "chat_stream"}
+    assert "forwards only /v1/*" in report.summary
+
+
+async def test_a_short_check_through_a_front_end_that_hides_speculation_is_not_clean() -> None:
+    fake = FakeLlama(speculative=True, drafts=None, tokens=None)  # say, ngram-mod that did not draft on a short chat
+    report = await run_check(ServerConfig(name="c", url="http://gw:4000"), endpoints=[Endpoint.CHAT], tokens=16, timeout=5,
+                             connect=_gateway(fake))
+    assert report.verdict == "unproven" and "too short" in report.summary and "chat 48" in report.summary
+
+
+async def test_a_front_end_that_forwards_no_endpoint_asked_for_is_unchecked() -> None:
+    report = await run_check(ServerConfig(name="c", url="http://gw:4000"), endpoints=[Endpoint.COMPLETION], tokens=16,
+                             timeout=5, connect=_gateway(FakeLlama.plain()))
+    assert report.verdict == "unchecked" and "need /completion" in report.summary
+
+
+@pytest.mark.parametrize(("key", "phrase"), [(None, "no API key was sent"), ("wrong", "the API key sent was refused")])
+async def test_the_report_says_whether_a_key_was_sent(key: str | None, phrase: str, monkeypatch) -> None:
+    server = {"api_key_env": "CHECK_KEY"} if key else {}
+    if key:
+        monkeypatch.setenv("CHECK_KEY", key)
+    report = await _check(FakeLlama.plain(api_key="right"), **server)
+    assert (report.verdict, report.reason, report.api_key_sent) == ("unchecked", "unauthorized", key is not None)
+    assert phrase in report.summary
+    assert report.as_json()["reason"] == "unauthorized"
+
+
+async def test_each_failed_endpoint_carries_its_closed_set_reason() -> None:
+    def failing(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/chat/completions":
+            return httpx.Response(503, json={"error": {"code": 503, "message": "Loading model"}})
+        return FakeLlama.plain()(request)
+
+    report = await run_check(ServerConfig(name="c", url="http://s:8080"), endpoints=[Endpoint.CHAT, Endpoint.COMPLETION],
+                             tokens=8, timeout=5, connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(failing)))
+    entries = {e["endpoint"]: e for e in report.as_json()["endpoints"]}
+    assert (entries["chat"]["reason"], entries["completion"]["reason"]) == ("loading", None)

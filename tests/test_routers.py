@@ -108,8 +108,8 @@ async def test_the_scheduled_tick_never_canaries_an_unloaded_model(make_watcher)
 
 def _check(router: FakeRouter, **server: object) -> object:
     config = ServerConfig(name="check", url="http://router:8080", **server)
-    client = httpx.AsyncClient(transport=fleet_transport({"router": router}))
-    return asyncio.run(run_check(config, endpoints=[Endpoint.COMPLETION, Endpoint.CHAT], tokens=8, timeout=5, client=client))
+    return asyncio.run(run_check(config, endpoints=[Endpoint.COMPLETION, Endpoint.CHAT], tokens=8, timeout=5,
+                                 connect=lambda: httpx.AsyncClient(transport=fleet_transport({"router": router}))))
 
 
 def test_check_on_a_router_checks_every_loaded_model_and_the_worst_wins() -> None:
@@ -134,8 +134,8 @@ def test_check_of_an_unloaded_model_is_unchecked_and_leaves_it_unloaded() -> Non
 def test_check_loads_a_model_only_when_asked() -> None:
     router = _router()
     config = ServerConfig(name="check", url="http://router:8080", model="cold")
-    client = httpx.AsyncClient(transport=fleet_transport({"router": router}))
-    report = asyncio.run(run_check(config, endpoints=[Endpoint.COMPLETION], tokens=8, timeout=5, client=client, load=True))
+    report = asyncio.run(run_check(config, endpoints=[Endpoint.COMPLETION], tokens=8, timeout=5, load=True,
+                                   connect=lambda: httpx.AsyncClient(transport=fleet_transport({"router": router}))))
     assert (report.verdict, report.exit_code) == ("clean", 0)
     assert router.loads == ["cold"]
 

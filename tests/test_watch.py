@@ -285,7 +285,6 @@ async def test_check_asks_slots_every_time(clock) -> None:
     from exporter.settings.schema import ServerConfig
 
     fake = FakeLlama.plain(tokens=8)
-    client = httpx.AsyncClient(transport=httpx.MockTransport(fake))  # run_check closes it
     await run_check(ServerConfig(name="x", url="http://srv:8080"), endpoints=[Endpoint.CHAT], tokens=8, timeout=5,
-                    client=client)
+                    connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
     assert _paths(fake)[:2] == ["/props", "/slots"]

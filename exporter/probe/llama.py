@@ -164,6 +164,20 @@ def parse_slots(data: Any) -> Slots:
     return Slots(count=len(data), speculative=speculative)
 
 
+def model_ids(data: Any) -> list[str]:
+    """The model ids of an OpenAI-style /v1/models listing ({"data": [{"id": ...}, ...]}), statuses or not."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_MODELS:
+        raise _shape_error("/v1/models has no data list")
+    ids = []
+    for index, entry in enumerate(entries):
+        model_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(model_id, str) or not model_id or len(model_id) > MAX_LABEL_CHARS or _SURROGATE.search(model_id):
+            raise _shape_error(f"/v1/models data[{index}].id is not a usable model name")
+        ids.append(model_id)
+    return list(dict.fromkeys(ids))
+
+
 def parse_models(data: Any) -> list[RouterModel]:
     """A router's /models (or /v1/models) listing: every model's id and status."""
     entries = data.get("data") if isinstance(data, dict) else None

@@ -14,7 +14,18 @@ from pydantic import SecretStr
 
 from exporter.probe.canary import TABLE, Endpoint, Tally, classify
 from exporter.probe.fetch import Fetcher
-from exporter.probe.llama import Props, RouterModel, Slots, model_names, names_of, parse_models, parse_props, parse_slots
+from exporter.probe.llama import (
+    Props,
+    RouterModel,
+    Slots,
+    label_safe,
+    model_ids,
+    model_names,
+    names_of,
+    parse_models,
+    parse_props,
+    parse_slots,
+)
 from exporter.reasons import ProbeFailure, Reason
 
 PLAIN = ""
@@ -141,6 +152,28 @@ async def canary(
     """One canary on one endpoint; `model` names a router's model (or the configured one) and is never loaded."""
     with _secret_free(target):
         return await _canary(fetcher, target, endpoint, tokens=tokens, timeout=timeout, model=model or None)
+
+
+async def gateway_poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPoll:
+    """A front end that forwards only /v1/* (an OpenAI-compatible gateway): the model it serves, from /v1/models.
+
+    Nothing else can be seen through it, so speculation is unknown (no /props, no /slots): the canaries alone decide.
+    The model is named in every canary, as such gateways require.
+    """
+    with _secret_free(target):
+        listing = await fetcher.get_json(f"{target.url}/v1/models", headers=auth_headers(target), timeout=timeout)
+        ids = model_ids(listing)
+        if target.model is not None:
+            if target.model not in ids:
+                raise ProbeFailure(Reason.MODEL_MISMATCH, f"/v1/models lists no model {target.model!r}")
+            chosen = target.model
+        elif len(ids) == 1:
+            chosen = ids[0]
+        else:
+            raise ProbeFailure(Reason.MODEL_MISMATCH,
+                               f"/v1/models lists {len(ids)} models: name the one the eval reads with --model")
+        props = Props(speculation_types=None, total_slots=None, model=label_safe(chosen), build="")
+        return ServerPoll(router=False, models=MappingProxyType({chosen: ModelPoll("loaded", PollResult(props, None))}))
 
 
 async def load(fetcher: Fetcher, target: Target, model: str, *, timeout: float) -> None:
