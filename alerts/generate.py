@@ -179,6 +179,13 @@ def _loaded(c: RulesConfig) -> str:
 
 
 _MODEL = "{{ with $labels.model }} (model {{ . }}){{ end }}"
+# The endpoints whose last canary found fill-ins, read at the alert's evaluation: on a build that fixes the speculative
+# path but for post_sampling_probs, on-call learns that only that endpoint is affected.
+_ENDPOINTS = (
+    '{{ with printf "max by (endpoint) (specwatch_canary_placeholder_tokens{job=%q, server=%q, model=%q} > 0)" '
+    "$labels.job $labels.server $labels.model | query }} Endpoints serving them: "
+    '{{ range $i, $s := sortByLabel "endpoint" . }}{{ if $i }}, {{ end }}{{ $s.Labels.endpoint }}{{ end }}.{{ end }}'
+)
 
 
 def alerts(c: RulesConfig) -> list[Alert]:
@@ -193,7 +200,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "critical",
             "llama-server {{ $labels.server }} serves fill-in logprobs",
             f"specwatch's canary on {{{{ $labels.server }}}}{_MODEL} got fill-in logprobs: tokens after the first with "
-            "logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding. Every eval reading logprobs "
+            f"logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding.{_ENDPOINTS} Every eval reading logprobs "
             "from this server now scores placeholders. Stop scoring against it, restart it without speculative decoding "
             "(drop -md/--model-draft and --spec-type), and re-run the evals it served.",
             keep_firing_for="5m",

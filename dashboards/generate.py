@@ -55,6 +55,8 @@ def words(mapping: dict[str, tuple[str, str]]) -> list[model.ValueMapping]:
 
 
 SERVING_WORDS = words({"0": ("real logprobs", "green"), "1": ("FILL-INS", "red")})
+ENDPOINT_WORDS = words({"0": ("did not draft, logprobs real", "green"), "1": ("drafted, logprobs real", "blue"),
+                        "2": ("FILL-INS", "red"), "3": ("FILL-INS", "red")})
 VERDICT_WORDS = words({"0": ("clean", "green"), "1": ("unchecked", "orange"), "2": ("unproven", "yellow"),
                        "3": ("FILL_INS", "red")})
 
@@ -412,6 +414,24 @@ def server() -> model.Dashboard:
         "Serving fill-ins", "Whether the last successful canary found fill-in logprobs.",
         f"max by (server, model) (specwatch_serving_placeholders{{{MODEL_MATCH}}})",
             "{{server}} {{model}}", SERVING_WORDS, height=4))
+    per_endpoint = "max by (job, server, model, endpoint) ({metric}{{" + MODEL_MATCH + "}})"
+    fill_ins = f"clamp_max({per_endpoint.format(metric='specwatch_canary_placeholder_tokens')}, 1) * 2"
+    drafted = f"clamp_max({per_endpoint.format(metric='specwatch_canary_draft_tokens')}, 1)"
+    board = board.with_panel(merged_table(
+        "Endpoints", "Per endpoint, what its last successful canary showed: fill-ins, or real logprobs while the server "
+        "drafted (a build that fixes the speculative path), or real logprobs without drafting. A fleet on a fixed build "
+        "shows 'drafted, logprobs real', not merely quiet.",
+        {
+            "state": f"max by (model, endpoint) (({fill_ins} + {drafted}) or {fill_ins})",
+            "fill-ins": f"max by (model, endpoint) ({per_endpoint.format(metric='specwatch_canary_placeholder_tokens')})",
+            "tokens judged": f"max by (model, endpoint) ({per_endpoint.format(metric='specwatch_canary_tokens')})",
+            "drafted": f"max by (model, endpoint) ({per_endpoint.format(metric='specwatch_canary_draft_tokens')})",
+        },
+        height=8,
+    ).override_by_name("state", [
+        model.DynamicConfigValue(id_val="mappings", value=ENDPOINT_WORDS),
+        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]))
     board = board.with_panel(graph(
         "Placeholder ratio", "Fill-in tokens among the canary's tokens after the first.",
         query(f"max by (model, endpoint) (specwatch_canary_placeholder_ratio{{{MODEL_MATCH}}})", "{{model}} {{endpoint}}"),

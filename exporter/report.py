@@ -36,6 +36,20 @@ class ModelReport:
     endpoints: list[EndpointReport] = field(default_factory=list)
 
 
+def endpoint_state(entry: EndpointReport) -> tuple[str, str]:
+    """(kind, words) for people: "fill_ins", "drafted" (drafted and the logprobs are real: a fixed build), "quiet" (did
+    not draft), "failed" or "pending". A fleet on a fixed build shows drafted, not merely quiet."""
+    if entry.fill_ins:
+        return "fill_ins", f"fill-ins {entry.fill_ins}/{max(0, (entry.tokens or 1) - 1)}"
+    if entry.error:
+        return "failed", f"failed ({entry.reason or 'error'})"
+    if entry.tokens is None:
+        return "pending", "no canary yet"
+    if entry.draft_n:
+        return "drafted", f"drafted {entry.draft_n}, logprobs real"
+    return "quiet", "did not draft, logprobs real"
+
+
 def endpoint_report(endpoint: str, tally: Tally | None, error: str | None, reason: str | None = None) -> EndpointReport:
     entry = EndpointReport(endpoint=endpoint, error=error, reason=reason)
     if tally is not None:

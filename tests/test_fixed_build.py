@@ -175,3 +175,70 @@ def test_switch_on_post_sampling_probs_keep_the_placeholders(servers):
     assert tokens[0]["top_probs"], "the first token is sampled outside the speculative path"
     assert fill_ins(tokens, "prob", "top_probs", 1.0) == N_TOKENS - 1
     assert drafted(answer) > 0
+
+
+FIXED_ENDPOINTS = ["completion", "completion_stream", "chat", "chat_stream", "v1_completion", "v1_completion_stream"]
+
+
+def _check(url: str, *args: str) -> tuple[int, dict]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "exporter", "check", url, "--json", *args], capture_output=True, text=True,
+                          timeout=300)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_check_on_the_fixed_build_clean_where_fixed_fill_ins_where_not(servers):
+    fixed = servers("on")
+    code, report = _check(fixed.url)
+    assert (code, report["verdict"]) == (1, "fill_ins")
+    by_endpoint = {e["endpoint"]: e for e in report["endpoints"]}
+    for endpoint in FIXED_ENDPOINTS:
+        assert by_endpoint[endpoint]["fill_ins"] == 0 and by_endpoint[endpoint]["draft_n"] > 0, by_endpoint[endpoint]
+    assert by_endpoint["completion_post_sampling"]["fill_ins"] == 47
+    # The summary names what serves fill-ins, and only that.
+    assert "completion_post_sampling 47/47" in report["summary"] and "chat " not in report["summary"]
+    code, report = _check(fixed.url, "--endpoint", "chat")
+    assert (code, report["verdict"]) == (0, "clean")
+    assert report["summary"] == "the server drafted and still returned real logprobs with alternatives"
+    assert report["endpoints"][0]["draft_n"] > 0
+
+
+def test_the_daemon_on_the_fixed_build(servers, tmp_path):
+    """A fleet on the fixed build: the verdict names the endpoint with fill-ins; a daemon asking only fixed ones says clean."""
+    import yaml
+
+    from tests.support.metrics import find, scrape
+    from tests.support.process import ExporterProcess, wait_until
+
+    fixed, b11434 = servers("on"), servers("pip")
+    for endpoints, verdict in ((None, "fill_ins"), (FIXED_ENDPOINTS, "clean")):
+        config = {"servers": [{"name": "fixed", "url": fixed.url}, {"name": "b11434", "url": b11434.url}],
+                  "poll_interval": "1s", "poll_timeout": "900ms", "canary_interval": "2s"}
+        if endpoints:
+            config["canary_endpoints"] = endpoints
+        path = tmp_path / f"{verdict}.yml"
+        path.write_text(yaml.safe_dump(config))
+        with ExporterProcess("--config", str(path)) as exporter:
+            exporter.wait_started()
+
+            def settled() -> dict | None:
+                samples = scrape(exporter.url() + "/metrics")
+                done = all(find(samples, "specwatch_verdict", server=s, verdict="unchecked") == 0 for s in ("fixed", "b11434"))
+                return samples if done else None
+
+            samples = wait_until("both verdicts", settled, timeout=60)
+            assert find(samples, "specwatch_verdict", server="fixed", verdict=verdict) == 1
+            assert find(samples, "specwatch_verdict", server="b11434", verdict="fill_ins") == 1
+            for endpoint in FIXED_ENDPOINTS:
+                assert find(samples, "specwatch_canary_placeholder_tokens", server="fixed", endpoint=endpoint) == 0
+                assert find(samples, "specwatch_canary_draft_tokens", server="fixed", endpoint=endpoint) > 0
+            page = httpx.get(exporter.url() + "/").text
+            assert "drafted" in page and "logprobs real" in page
+            if endpoints is None:
+                assert find(samples, "specwatch_canary_placeholder_tokens", server="fixed",
+                            endpoint="completion_post_sampling") > 0
+                assert "completion_post_sampling: fill-ins" in page
+                verdicts = httpx.get(exporter.url() + "/api/v1/verdicts", params={"server": "fixed"}).json()
+                assert "completion_post_sampling" in verdicts["servers"][0]["models"][0]["summary"]

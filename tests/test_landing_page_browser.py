@@ -21,10 +21,13 @@ CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-# 20 servers as on-call meets them: 4 serving fill-ins, 1 speculating without drafting, 2 that specwatch cannot
-# check (a wrong key, never polled), 13 clean.
+# 22 servers as on-call meets them: 4 serving fill-ins and 1 on a build that fixes all but post_sampling_probs,
+# 1 speculating without drafting, 2 that specwatch cannot check (a wrong key, never polled), 13 clean and 1 clean
+# on a build that drafts with real logprobs.
 FAKES = {
     **{f"draft-{i}": FakeLlama.draft() for i in range(4)},
+    "fixed": FakeLlama.fixed_build(),
+    "fixed-all": FakeLlama.future_fixed(),
     "ngram-quiet": FakeLlama(speculative=True, drafts=0),
     "locked": FakeLlama.plain(api_key="other"),
     **{f"plain-{i:02d}": FakeLlama.plain() for i in range(13)},
@@ -40,7 +43,7 @@ def served(make_watcher, tmp_path: Path):
                for name in FAKES]
     next(s for s in servers if s["name"] == "locked")["api_key_file"] = str(key)  # a key the server refuses
     servers.append({"name": NEVER, "url": "http://never:1"})
-    watcher = make_watcher(FAKES, servers=servers, canary_endpoints=["chat", "completion"])
+    watcher = make_watcher(FAKES, servers=servers)
 
     async def probe() -> None:
         for name in FAKES:
@@ -66,7 +69,7 @@ def test_landing_page_in_chromium(served: str, tmp_path: Path) -> None:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.goto(served)
             summary = page.locator("#summary")
-            assert summary.inner_text() == "4 of 20 serving fill-ins · 1 unproven · 2 unchecked · 13 clean"
+            assert summary.inner_text() == "5 of 22 serving fill-ins · 1 unproven · 2 unchecked · 14 clean"
             # Above the fold: on a laptop-sized window the summary shows without scrolling.
             box = summary.bounding_box()
             assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 720
@@ -76,18 +79,30 @@ def test_landing_page_in_chromium(served: str, tmp_path: Path) -> None:
             rows = page.locator("#servers tbody tr")
             cells = [[c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(rows.count())]
             verdicts = [row[1] for row in cells]
-            assert verdicts == ["fill_ins"] * 4 + ["unproven"] + ["unchecked"] * 2 + ["clean"] * 13
+            assert verdicts == ["fill_ins"] * 5 + ["unproven"] + ["unchecked"] * 2 + ["clean"] * 14
             by_name = {row[0]: row for row in cells}
-            assert by_name["draft-0"][2].startswith("the server serves fill-in logprobs (fill-ins / tokens after the first: chat ")
-            assert by_name["draft-0"][3] == "up; speculation per /slots: on"
-            assert by_name["draft-0"][4].endswith("s ago") and by_name["draft-0"][5].endswith("s ago")
-            assert by_name["draft-0"][6] == "pool=eval"
+            assert by_name["draft-0"][2].startswith("the server serves fill-in logprobs (fill-ins / tokens after the first: completion ")
+            assert by_name["draft-0"][4] == "up; speculation per /slots: on"
+            assert by_name["draft-0"][5].endswith("s ago") and by_name["draft-0"][6].endswith("s ago")
+            assert by_name["draft-0"][7] == "pool=eval"
+            # Per endpoint, a fixed build shows what drafted with real logprobs apart from what serves fill-ins.
+            endpoints = dict(line.split(": ", 1) for line in by_name["fixed"][3].splitlines())
+            assert endpoints["completion_post_sampling"] == "fill-ins 31/31"
+            assert endpoints["chat"] == endpoints["v1_completion_stream"] == "drafted 24, logprobs real"
+            assert "completion_post_sampling 31/31" in by_name["fixed"][2]
+            assert set(dict(line.split(": ", 1) for line in by_name["fixed-all"][3].splitlines()).values()) == {
+                "drafted 24, logprobs real"}
+            assert set(dict(line.split(": ", 1) for line in by_name["plain-00"][3].splitlines()).values()) == {
+                "did not draft, logprobs real"}
+            assert len(by_name["plain-00"][3].splitlines()) == 7
             assert by_name["ngram-quiet"][2].startswith("/slots says the server speculates, but no canary drafted")
-            assert by_name["locked"][1:4] == ["unchecked", "could not poll the server: unauthorized: HTTP 401 on /props", "down (unauthorized)"]
-            assert by_name["locked"][4:6] == ["never", "never"]
-            assert by_name[NEVER][1:4] == ["unchecked", "could not poll the server: not polled yet", "not polled yet"]
-            assert by_name["plain-00"][1:4] == ["clean", "logprobs are real: every token carries its alternatives",
-                                                "up; speculation per /slots: off"]
+            assert [by_name["locked"][i] for i in (1, 2, 4)] == [
+                "unchecked", "could not poll the server: unauthorized: HTTP 401 on /props", "down (unauthorized)"]
+            assert by_name["locked"][5:7] == ["never", "never"]
+            assert [by_name[NEVER][i] for i in (1, 2, 4)] == ["unchecked", "could not poll the server: not polled yet",
+                                                             "not polled yet"]
+            assert [by_name["plain-00"][i] for i in (1, 2, 4)] == [
+                "clean", "logprobs are real: every token carries its alternatives", "up; speculation per /slots: off"]
             assert rows.nth(0).get_attribute("class") == "fill_ins"
             html = page.content()
             assert "sk-landing-secret" not in html and "<script>x" not in html

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from exporter import __version__
+from exporter.report import endpoint_state, model_report
 from exporter.state import ServerState
 from exporter.verdict import SEVERITY, Verdict
 
@@ -27,6 +28,8 @@ class Row:
     canary_age: float | None = None
     """Seconds since the last canary of this model started."""
     labels: dict[str, str] = field(default_factory=dict)
+    endpoints: tuple[tuple[str, str, str], ...] = ()
+    """(endpoint, kind, words) of each canaried endpoint (see report.endpoint_state)."""
 
 
 def rows(state: ServerState, now: float) -> list[Row]:
@@ -47,10 +50,12 @@ def rows(state: ServerState, now: float) -> list[Row]:
         elif state.poll_success and state.router:
             detail += f"; model {model.status}"
         last = model.last_canary_at
+        entries = model_report(key, model).endpoints
         found.append(Row(
             server=state.config.name, url=state.config.url, model=key, verdict=model.decision.verdict,
             summary=model.decision.summary, poll=detail, poll_age=poll_age,
             canary_age=now - last if last is not None else None, labels=dict(state.config.labels),
+            endpoints=tuple((e.endpoint, *endpoint_state(e)) for e in entries),
         ))
     return found
 
@@ -83,13 +88,16 @@ def render(found: list[Row]) -> str:
     for r in found:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
         name = html.escape(r.server) + (f" <span class=\"model\">{html.escape(r.model)}</span>" if r.model else "")
+        endpoints = "".join(f'<li class="{kind}">{html.escape(endpoint)}: {html.escape(words)}</li>'
+                            for endpoint, kind, words in r.endpoints)
         cells.append(
             f'<tr class="{r.verdict.value}"><td>{name}</td><td>{html.escape(r.verdict.value)}</td>'
-            f"<td>{html.escape(r.summary)}</td><td>{html.escape(r.poll)}</td><td>{_age(r.poll_age)}</td>"
+            f"<td>{html.escape(r.summary)}</td><td><ul class=\"endpoints\">{endpoints}</ul></td>"
+            f"<td>{html.escape(r.poll)}</td><td>{_age(r.poll_age)}</td>"
             f"<td>{_age(r.canary_age)}</td><td>{html.escape(labels)}</td><td><code>{html.escape(r.url)}</code></td></tr>"
         )
     alarm = " alarm" if any(r.verdict is Verdict.FILL_INS for r in found) else ""
-    body = "\n".join(cells) or '<tr><td colspan="8">no servers watched</td></tr>'
+    body = "\n".join(cells) or '<tr><td colspan="9">no servers watched</td></tr>'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specwatch</title>
 <style>
@@ -101,6 +109,10 @@ td, th {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertic
 tr.fill_ins td {{ background: #fde2e1; }}
 tr.unproven td, tr.unchecked td {{ background: #fff4d6; }}
 .model {{ color: #555; }}
+ul.endpoints {{ list-style: none; margin: 0; padding: 0; font-size: 0.9em; white-space: nowrap; }}
+li.fill_ins {{ color: #b00020; font-weight: bold; }}
+li.drafted {{ color: #1b5e20; }}
+li.failed, li.pending {{ color: #8a6d00; }}
 </style></head>
 <body>
 <h1>specwatch {html.escape(__version__)}</h1>
@@ -108,7 +120,7 @@ tr.unproven td, tr.unchecked td {{ background: #fff4d6; }}
 <p>Watches llama-server instances for fill-in logprobs served under speculative decoding. The verdict is the one
 <code>specwatch check</code> gives and the alerts page on. <a href="metrics">Metrics</a> · <a href="-/healthy">Health</a></p>
 <table id="servers">
-<thead><tr><th>server</th><th>verdict</th><th>why</th><th>poll</th><th>last good poll</th><th>last canary</th>
+<thead><tr><th>server</th><th>verdict</th><th>why</th><th>endpoints</th><th>poll</th><th>last good poll</th><th>last canary</th>
 <th>labels</th><th>url</th></tr></thead>
 <tbody>
 {body}

@@ -192,6 +192,8 @@ class FakeLlama(Lookalike):
     """A build that lists alternatives even for its placeholders (only a placeholder_field then tells them apart)."""
     token_extra: tuple[tuple[str, Any], ...] = ()
     """Fields every token entry carries beside llama-server's own (a newer build's additions)."""
+    fixed_but_post_sampling: bool = False
+    """A build with upstream's fix (PR #27196): real probabilities for drafted tokens, but for post_sampling_probs."""
     model_alias: str = "tiny.gguf"
     model_path: str | None = None
     """None: /models/<model_alias>."""
@@ -220,6 +222,12 @@ class FakeLlama(Lookalike):
         if n is None:
             return cls(speculative=True, fill_ins=AFTER_FIRST, drafts=MAX_TOKENS, tokens=None, **kw)
         return cls(speculative=True, fill_ins=set(range(1, int(n))), drafts=int(n), tokens=int(n), **kw)
+
+    @classmethod
+    def fixed_build(cls, **kw: Any) -> FakeLlama:
+        """Build 11434 patched as upstream's open fix does: drafts, real logprobs, fill-ins only with post_sampling_probs."""
+        n = kw.pop("tokens", 32)
+        return cls(speculative=True, fill_ins=AFTER_FIRST, drafts=24, tokens=n, fixed_but_post_sampling=True, **kw)
 
     @classmethod
     def future_fixed(cls, **kw: Any) -> FakeLlama:
@@ -320,7 +328,8 @@ class FakeLlama(Lookalike):
         accepted = None if draft_n is None else max(0, draft_n - 2)
         self.counters.add(generated, draft_n, accepted)
         stream = bool(body.get("stream"))
-        key = (kind, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(self.fill_ins),
+        fill_ins = self.fill_ins if post or not self.fixed_but_post_sampling else frozenset()
+        key = (kind, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(fill_ins),
                frozenset(self.real_zero_at), draft_n, accepted, self.build_info, self.placeholder_field,
                self.fill_in_alternatives, self.token_extra)
         pieces = _COMPLETIONS.get(key)
