@@ -200,9 +200,9 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "critical",
             "llama-server {{ $labels.server }} serves fill-in logprobs",
             f"specwatch's canary on {{{{ $labels.server }}}}{_MODEL} got fill-in logprobs: tokens after the first with "
-            f"logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding.{_ENDPOINTS} Every eval reading logprobs "
-            "from this server now scores placeholders. Stop scoring against it, restart it without speculative decoding "
-            "(drop -md/--model-draft and --spec-type), and re-run the evals it served.",
+            f"logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding.{_ENDPOINTS} Every eval "
+            "reading logprobs from this server now scores placeholders. Stop scoring against it, restart it without "
+            "speculative decoding (drop -md/--model-draft and --spec-type), and re-run the evals it served.",
             keep_firing_for="5m",
         ),
         Alert(
