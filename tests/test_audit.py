@@ -15,13 +15,17 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.audit import (
+    AnswerTally,
     CannotJudge,
     FillInLogprobs,
     NotAnAnswer,
     Status,
     audit_file,
+    read_answers,
     require_real,
     run_audit,
     tally,
@@ -496,3 +500,26 @@ def test_memory_stays_flat_on_a_1_gib_jsonl(tmp_path: Path) -> None:
         sizes[name] = run.peak_rss
     assert sizes["large"] < 100 << 20, sizes
     assert sizes["large"] - sizes["small"] < 8 << 20, sizes
+
+
+KEYS = ["choices", "object", "delta", "message", "text", "logprobs", "content", "top_logprobs", "logprob", "prob", "top_probs",
+        "completion_probabilities", "stop", "tokens_predicted", "finish_reason", "id", "index", "timings", "draft_n", "role",
+        "token_logprobs", "tokens", "error", "placeholder"]
+SCALARS = (st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([10**400, 2.5, -0.3, 0.0, 1.0, -1e9])
+           | st.sampled_from(["chat.completion", "chat.completion.chunk", "text_completion", "", "a", "[DONE]"]))
+ANSWERISH = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=5),
+                         max_leaves=30)
+
+
+@settings(deadline=None, max_examples=400)
+@given(st.lists(ANSWERISH, max_size=6))
+def test_any_json_is_judged_or_not_an_answer_never_a_crash(records: list[Any]) -> None:
+    content = b"".join((b"data: " if i % 2 else b"") + json.dumps(r).encode() + b"\n" for i, r in enumerate(records))
+    outcomes = list(read_answers(io.BytesIO(content)))
+    assert all(isinstance(o, AnswerTally | NotAnAnswer) for o in outcomes)
+    assert all(o.status is not Status.CLEAN or (o.judged and o.reason is None) for o in outcomes if isinstance(o, AnswerTally))
+    for value in (records, *records):
+        try:
+            tally(value)
+        except NotAnAnswer:
+            pass
