@@ -121,6 +121,9 @@ def tally(answer: Any) -> AnswerTally:
                 found += answers.done()
             else:
                 found += answers.record(_plain(event), None, where=f"event {index}")
+    elif isinstance(answer, Iterable) and not isinstance(answer, dict | str | bytes) and not hasattr(answer, "model_dump"):
+        raise NotAnAnswer(f"a {type(answer).__name__}: collect its events in a list (chunks = list(stream)), tally that list "
+                          "and score the same chunks")
     else:
         found += answers.record(_plain(answer), None, where="the answer")
     found += answers.end()
@@ -184,7 +187,8 @@ class _Answers:
 
     A stream's events are one answer while they share the endpoint and (OpenAI shapes) `id` and choice `index`; it ends at
     its last event (`finish_reason`, /completion's `stop: true`), at `[DONE]`, or when events of another answer follow an
-    ended stream. Streams of different ids may interleave; /completion's events carry no id and must not.
+    ended stream (so the usage event after `finish_reason` still counts). Streams of different ids may interleave;
+    /completion's events carry no id and must not.
     """
 
     def __init__(self) -> None:
@@ -256,6 +260,8 @@ class _Answers:
             yield self._close(key)
             stream = None
         if stream is None:
+            if shape.path != "/completion" and not _first_choice(value):
+                return  # the usage event of a stream already judged (another's event came between): nothing to read
             if len(self._open) >= MAX_OPEN_STREAMS:
                 yield self._close(next(iter(self._open)))
             stream = self._open[key] = _Stream(shape, line, shape.stream())

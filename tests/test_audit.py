@@ -342,6 +342,15 @@ def test_interleaved_streams_are_told_apart_by_id(tmp_path: Path) -> None:
     assert counted["problems"][0]["line"] == 2
 
 
+def test_a_usage_event_after_another_stream_s_event_is_no_answer_of_its_own(tmp_path: Path) -> None:
+    plain = events(saved(FakeLlama.plain(tokens=16), Endpoint.CHAT_STREAM))
+    usage = {**plain[-1], "choices": [], "usage": {"completion_tokens": 16}}
+    lines = [_with_id(c, "a") for c in plain[:-1]] + [_with_id(plain[0], "b"), _with_id(plain[-1], "a"),
+                                                      *(_with_id(c, "b") for c in plain[1:]), _with_id(usage, "a")]
+    counted = audited(tmp_path, jsonl(*lines))
+    assert (counted["answers"], counted["clean"], counted["exit_code"]) == (2, 2, 0)
+
+
 def test_a_usage_event_after_the_last_choice_still_belongs_to_its_stream(tmp_path: Path) -> None:
     """With stream_options.include_usage, llama-server sends timings (draft_n) in an event of no choices after finish_reason."""
     chunks = events(saved(FakeLlama.draft(tokens=16), Endpoint.CHAT_STREAM, logprobs=None, top_logprobs=None))
@@ -452,6 +461,7 @@ def test_require_real_raises_cannot_judge_saying_why(answer: Any, message: str) 
     ([], "an empty list"),
     ([json.loads(saved(FakeLlama.plain(tokens=16), Endpoint.CHAT))] * 2, "2 answers, not one"),
     ("text", "a JSON str, not an object"),
+    (iter([{"choices": []}]), "collect its events in a list (chunks = list(stream))"),
 ])
 def test_what_is_not_an_answer_raises_not_an_answer(answer: Any, message: str) -> None:
     for gate in (tally, require_real):
