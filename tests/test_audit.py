@@ -34,7 +34,7 @@ from exporter.cli import main
 from exporter.probe import probes
 from exporter.probe.canary import TABLE, Endpoint, classify, shape_of
 from exporter.probe.fetch import Fetcher
-from exporter.settings import ServerConfig
+from exporter.settings.schema import ServerConfig
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated
 from tests.support.wire import FakeLlama
