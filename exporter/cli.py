@@ -1,4 +1,4 @@
-"""The `specwatch` command line: run, check and demo."""
+"""The `specwatch` command line: run, check, audit and demo."""
 
 from __future__ import annotations
 
@@ -72,6 +72,22 @@ exit status:
 Run it before scoring an eval:  specwatch check http://127.0.0.1:8080 && python score.py
 Behind a load balancer, ask the daemon that watches every replica instead of canarying
 whichever replica answers:      specwatch check --exporter http://specwatch:9824 --label pool=eval
+"""
+
+EPILOG_AUDIT = """\
+Each FILE (- for standard input) may hold one JSON answer, JSONL (one answer or stream event per line),
+a streaming transcript (server-sent events: data: lines, data: [DONE]), or OpenAI SDK dumps
+(model_dump_json() of a ChatCompletion, a Completion, or of each chunk of a stream, one per line), from
+/completion (post_sampling_probs too), /v1/completions and /v1/chat/completions. Each answer's shape is
+told by its content, whatever the file is called. A stream's events are one answer until its last event
+(finish_reason, stop), data: [DONE], or an event of another id.
+
+exit status:
+  0  every answer was judged, and each carries real logprobs
+  1  an answer carries fill-in logprobs: do not score it
+  2  could not judge: an answer without logprobs and alternatives (or that drafted, per timings.draft_n,
+     and carries none), a stream cut short, a line that is not an answer, a file that cannot be read
+  64 command-line usage error
 """
 
 
@@ -190,6 +206,16 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--exporter-cert-file", type=Path, metavar="FILE", help="client certificate, when the exporter asks")
     ask.add_argument("--exporter-key-file", type=Path, metavar="FILE", help="its key")
 
+    audit = commands.add_parser(
+        "audit",
+        help="judge saved llama-server answers: were the logprobs an eval scored real?",
+        description="Read saved llama-server answers and classify every token with the canary's classifier.",
+        epilog=EPILOG_AUDIT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    audit.add_argument("files", nargs="+", metavar="FILE", help="a file of saved answers; - reads standard input")
+    audit.add_argument("--json", action="store_true", help="print one object per file and the totals")
+
     demo = commands.add_parser(
         "demo",
         epilog="exit status: 0 done, 1 a server or the exporter did not come up, 2 llama-server or the demo extra is "
@@ -220,6 +246,8 @@ def _main(argv: list[str] | None) -> int:
         return _run(args)
     if args.command == "check":
         return _check(args)
+    if args.command == "audit":
+        return _audit(args)
     try:
         from exporter.demo import run_demo
     except ImportError:
@@ -365,6 +393,12 @@ def _checked(args: argparse.Namespace) -> int:
     report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout, load=args.load))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
     return report.exit_code
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from exporter.audit import run_audit
+
+    return run_audit(args.files, as_json=args.json, stdin=sys.stdin.buffer, out=sys.stdout)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,40 @@ def wait_until(what: str, check: Callable[[], object], *, timeout: float, proces
         return f"timed out after {timeout:.0f}s waiting for {what}\n{logs}"
 
     return _poll(check, timeout, interval, died, timed_out)
+
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A Python module run to its end: exit status, output, wall time and its peak RSS."""
+
+    returncode: int
+    stdout: bytes
+    seconds: float
+    peak_rss: int
+    """Bytes: VmHWM of the process as it exits. Not getrusage's ru_maxrss, which counts the parent's pages the child
+    held between fork and exec (and so the test runner's size)."""
+
+
+# Runs a module as `python -m` does and reports VmHWM, from /proc/self/status, as it exits.
+_PEAK_WRAPPER = """\
+import atexit, runpy, sys
+def peak():
+    with open('/proc/self/status') as status:
+        kib = next(line for line in status if line.startswith('VmHWM:')).split()[1]
+    sys.stderr.write(f'\\npeak-rss-kib {kib}\\n')
+atexit.register(peak)
+module = sys.argv.pop(1)
+runpy.run_module(module, run_name='__main__', alter_sys=True)
+"""
+
+
+def run_measured(module: str, args: Sequence[str], *, cwd: Path | str | None = None, timeout: float = 600) -> Measured:
+    """`python -m MODULE ARGS`, measured."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, module, *args], capture_output=True, cwd=cwd, timeout=timeout)
+    seconds = time.monotonic() - started
+    marks = [line for line in result.stderr.decode(errors="replace").splitlines() if line.startswith("peak-rss-kib ")]
+    if not marks:
+        raise RuntimeError(f"python -m {module} reported no peak RSS: {result.stderr[-2000:]!r}")
+    return Measured(result.returncode, result.stdout, seconds, int(marks[-1].split()[1]) * 1024)
