@@ -91,3 +91,11 @@ def test_a_process_that_does_not_listen_is_unhealthy() -> None:
         idle.wait()
     assert result.returncode == 1
     assert "no listening TCP socket found" in result.stderr
+
+
+def test_a_process_that_is_gone_is_unhealthy_not_looked_for_elsewhere() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    result = healthcheck(gone.pid)
+    assert result.returncode == 1
+    assert f"cannot look at process {gone.pid}" in result.stderr

@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, action="append", help="look only at this process's sockets (repeatable)")
     args = parser.parse_args(argv)
     addresses = listen_addresses(pids=args.pid)
+    if addresses is None and args.pid:
+        print(f"cannot look at process {', '.join(map(str, args.pid))}: not running, or another user's", file=sys.stderr)
+        return 1
     if addresses is None:
         addresses = [("127.0.0.1", DEFAULT_PORT)]  # no process could be looked at: assume the default
     if not addresses:
