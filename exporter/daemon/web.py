@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 9824
 VERDICTS = tuple(v.value for v in Verdict)
 VERDICTS_PATH = "/api/v1/verdicts"
-OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
+HEALTHY_PATH = "/-/healthy"
+"""Liveness: answered by the web thread as long as the process runs (the image's HEALTHCHECK and Kubernetes ask it)."""
+READY_PATH = "/-/ready"
+OPEN_PATHS = frozenset({HEALTHY_PATH, READY_PATH})
 """Answered without credentials: they reveal nothing, and liveness probes (Docker, Kubernetes) send none."""
 MAX_REQUEST_BODY = 64 * 1024
 
@@ -109,9 +112,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(400, f"{err}\n".encode())
                 return
             self._send(200, json.dumps(document, separators=(",", ":")).encode(), "application/json")
-        elif path == "/-/healthy":
+        elif path == HEALTHY_PATH:
             self._send(200, b"OK\n")
-        elif path == "/-/ready":
+        elif path == READY_PATH:
             ready = app.ready()
             self._send(200 if ready else 503, b"OK\n" if ready else b"starting\n")
         elif path == "/-/reload":

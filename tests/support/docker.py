@@ -1,0 +1,178 @@
+"""Docker for the image tests: a daemon (the running one, else one started here), a Debian base image, builds, containers."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specwatch-tests" / "docker"
+"""The daemon started here keeps its images (the base above all) under this directory from one run to the next."""
+INSTALL_HINT = "install Debian's docker.io and mmdebstrap: apt-get install -y docker.io mmdebstrap"
+SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
+# A Debian base with python3 and its venv module, from Debian's packages: no image registry is needed. The host's CA
+# bundle goes in so that pip inside `docker build` trusts the package index as the host does.
+BASE_COMMAND = (
+    "mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+    "--customize-hook=copy-in /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/", "bookworm", "{tarball}", str(SOURCES),
+)
+# Without the iptables rules and the bridge, which these machines cannot have: containers use --network host.
+DAEMON_FLAGS = ("--iptables=false", "--ip-masq=false", "--bridge=none")
+
+
+def _missing_tools() -> list[str]:
+    return [tool for tool in ("docker", "dockerd", "mmdebstrap") if shutil.which(tool) is None]
+
+
+class Docker:
+    """The docker CLI against one daemon, with the classic builder (BuildKit's frontends would have to be pulled)."""
+
+    def __init__(self, host: str | None = None) -> None:
+        self.host = host
+        self.env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+        if host is not None:
+            self.env["DOCKER_HOST"] = host
+
+    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, env=self.env,
+                                stdin=subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            raise AssertionError(f"docker {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+        return result
+
+    def answers(self) -> bool:
+        return self("version", "--format", "{{.Server.Version}}", timeout=20, check=False).returncode == 0
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        return json.loads(self("inspect", name).stdout)[0]
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float) -> Iterator[None]:
+    """Another run of the image tests waits here while this one uses the daemon it started."""
+    with path.open("w") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"another test run held {path} for {timeout:g}s") from None
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def daemon(startup_timeout: float = 90) -> Iterator[Docker]:
+    """The running Docker daemon if there is one; else a dockerd of our own (data under CACHE), stopped at the end."""
+    missing = _missing_tools()
+    assert not missing, f"{', '.join(missing)} not found; {INSTALL_HINT}"
+    running = Docker()
+    if running.answers():
+        yield running
+        return
+    run = CACHE / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    with _locked(CACHE / "daemon.lock", timeout=900):
+        docker = Docker(f"unix://{run / 'docker.sock'}")
+        process = None
+        if not docker.answers():  # else one a crashed run left behind: use it, leave it
+            log = (run / "dockerd.log").open("ab")
+            # Its own socket, state and pid file: nothing of a system daemon (/var/run/docker*) is touched.
+            process = subprocess.Popen(
+                ["dockerd", *DAEMON_FLAGS, "--host", docker.host, "--data-root", str(CACHE / "data"),
+                 "--exec-root", str(run / "exec"), "--pidfile", str(run / "dockerd.pid")],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            log.close()
+            deadline = time.monotonic() + startup_timeout
+            while not docker.answers():
+                tail = "\n".join((run / "dockerd.log").read_text(errors="replace").splitlines()[-20:])
+                assert process.poll() is None, f"dockerd exited with {process.returncode}:\n{tail}"
+                assert time.monotonic() < deadline, f"dockerd did not answer within {startup_timeout:g}s:\n{tail}"
+                time.sleep(0.5)
+        try:
+            yield docker
+        finally:
+            if process is not None:
+                process.send_signal(signal.SIGTERM)  # dockerd stops its containerd and containers itself
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+def base_image(docker: Docker) -> str:
+    """A Debian bookworm image with python3 and venv, made once by mmdebstrap and kept under a name keyed by how."""
+    recipe = json.dumps([BASE_COMMAND, SOURCES.read_text() if SOURCES.is_file() else None])
+    name = f"specwatch-test-base:{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    if docker("image", "inspect", name, check=False).returncode == 0:
+        return name
+    assert SOURCES.is_file(), f"mmdebstrap reads the Debian mirrors from {SOURCES}, which this machine lacks"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as work:
+        tarball = Path(work) / "base.tar"
+        command = [arg.replace("{tarball}", str(tarball)) for arg in BASE_COMMAND]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, f"mmdebstrap exited {result.returncode}:\n{result.stderr[-3000:]}"
+        docker("import", str(tarball), name, timeout=600)
+    return name
+
+
+def build(docker: Docker, context: Path, base: str) -> str:
+    """Build the repository's Dockerfile on `base`; the image's ID. One tag per checkout, its previous image removed."""
+    tag = f"specwatch-test:{hashlib.sha256(str(context.resolve()).encode()).hexdigest()[:12]}"
+    previous = docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).stdout.strip()
+    with tempfile.TemporaryDirectory() as work:
+        iid = Path(work) / "iid"
+        # --network host: RUN steps reach the package index through the host (there is no bridge here).
+        docker("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}", "--iidfile", str(iid), "--tag", tag,
+               str(context), timeout=900)
+        image = iid.read_text().strip()
+    if previous and previous != image:
+        docker("image", "rm", previous, check=False)  # still in use by a container of another run: it stays
+    return image
+
+
+class Container:
+    """A detached container; removed with its logs when done."""
+
+    def __init__(self, docker: Docker, image: str, *args: str, options: tuple[str, ...] = ()) -> None:
+        self.docker = docker
+        self.name = f"specwatch-test-{uuid.uuid4().hex[:12]}"
+        docker("run", "--detach", "--name", self.name, *options, image, *args)
+
+    def inspect(self) -> dict[str, Any]:
+        return self.docker.inspect(self.name)
+
+    def health(self) -> str:
+        return self.inspect()["State"]["Health"]["Status"]
+
+    def logs(self) -> str:
+        result = self.docker("logs", self.name)
+        return result.stdout + result.stderr
+
+    def remove(self) -> None:
+        self.docker("rm", "--force", self.name, check=False)
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()

@@ -1,0 +1,101 @@
+"""The image's health check on real exporter processes: it finds their port, speaks HTTP or TLS, and fails on a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.daemon.healthcheck import TIMEOUT, _address, listen_addresses
+from exporter.daemon.web import DEFAULT_PORT
+from tests.support.certs import make_certs
+from tests.support.dockerfile import healthcheck_options
+from tests.support.net import refused_url
+from tests.support.process import ExporterProcess
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def healthcheck(*pids: int) -> subprocess.CompletedProcess[str]:
+    args = [arg for pid in pids for arg in ("--pid", str(pid))]
+    return subprocess.run([sys.executable, "-m", "exporter.daemon.healthcheck", *args], capture_output=True, text=True,
+                          timeout=30, cwd=REPO)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "specwatch.yml"
+    path.write_text(f"servers:\n  - {{name: a, url: '{refused_url()}'}}\n")
+    return path
+
+
+@pytest.mark.parametrize(("line", "address"), [
+    ("0100007F:2660", ("127.0.0.1", 9824)),
+    ("00000000:1F90", ("0.0.0.0", 8080)),
+    ("00000000000000000000000001000000:2660", ("::1", 9824)),
+    ("00000000000000000000000000000000:0050", ("::", 80)),
+])
+def test_proc_net_tcp_addresses_are_decoded(line: str, address: tuple[str, int]) -> None:
+    assert _address(line) == address
+
+
+def test_a_running_exporter_is_found_on_its_own_port_and_healthy(config: Path) -> None:
+    with ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        assert exporter.port != DEFAULT_PORT
+        assert listen_addresses(pids=[exporter.process.pid]) == [("127.0.0.1", exporter.port)]
+        result = healthcheck(exporter.process.pid)
+        assert result.returncode == 0, result.stderr
+
+
+def test_a_tls_endpoint_is_asked_over_tls(config: Path, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n")
+    with ExporterProcess("--config", str(config), "--web-config", str(web)) as exporter:
+        exporter.wait_started()
+        result = healthcheck(exporter.process.pid)
+        assert result.returncode == 0, result.stderr
+
+
+def test_a_stopped_exporter_gets_no_answer_and_is_unhealthy(config: Path) -> None:
+    """The kernel still accepts connections for a SIGSTOPped process: only the timeout can tell."""
+    with ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        pid = exporter.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            result = healthcheck(pid)
+            took = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert result.returncode == 1
+        assert f"127.0.0.1:{exporter.port}/-/healthy: no answer within {TIMEOUT:g}s" in result.stderr
+        limit = float(healthcheck_options()["timeout"].removesuffix("s"))
+        assert TIMEOUT <= took < limit, f"it must fail within the HEALTHCHECK's --timeout ({limit:g}s), not be killed"
+        assert healthcheck(pid).returncode == 0, "healthy again once it runs"
+
+
+def test_a_process_that_does_not_listen_is_unhealthy() -> None:
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = healthcheck(idle.pid)
+    finally:
+        idle.kill()
+        idle.wait()
+    assert result.returncode == 1
+    assert "no listening TCP socket found" in result.stderr
+
+
+def test_a_process_that_is_gone_is_unhealthy_not_looked_for_elsewhere() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    result = healthcheck(gone.pid)
+    assert result.returncode == 1
+    assert f"cannot look at process {gone.pid}" in result.stderr
