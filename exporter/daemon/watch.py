@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from exporter.daemon.cadence import Round, due, slots_known
+from exporter.probe import fetch
 from exporter.probe.canary import Endpoint, Tally
 from exporter.probe.fetch import Fetcher
 from exporter.probe.llama import Props, Slots
@@ -52,6 +53,8 @@ class Watcher(Runner):
         self._set_limits(settings.max_concurrency)
         self._in_flight: set[tuple[str, ...]] = set()
         self._rounds: set[asyncio.Task[None]] = set()
+        self._polls: set[asyncio.Task[object]] = set()
+        """The scheduler's poll jobs in flight, so shutdown can end them."""
         self._streaks: dict[tuple[str, ...], _Streak] = {}
 
     @property
@@ -81,11 +84,12 @@ class Watcher(Runner):
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
 
     async def close(self) -> None:
-        """Cancel the canary rounds in flight (shutdown)."""
-        rounds = list(self._rounds)
-        for task in rounds:
+        """Cancel the polls and canary rounds in flight, and the exchanges they left running (shutdown)."""
+        running = [*self._rounds, *self._polls]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*rounds, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
+        await fetch.drain()
 
     @contextlib.asynccontextmanager
     async def _gate(self, *, canary: bool) -> AsyncIterator[None]:
@@ -114,12 +118,16 @@ class Watcher(Runner):
         server = self._claim(("poll", name))
         if server is None:
             return
+        task = asyncio.current_task()
+        if task is not None:
+            self._polls.add(task)
         try:
             await self.poll_once(server)
         except asyncio.CancelledError:
             log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard(("poll", name))
+            self._polls.discard(task)  # type: ignore[arg-type]
 
     def _known_slots(self, server: ServerConfig) -> KnownSlots:
         state, now, max_age = self.fleet.get(server.name), self._clock(), self.settings.canary_interval

@@ -286,6 +286,15 @@ def _forget(task: asyncio.Future[Any], last_resort: asyncio.TimerHandle) -> None
         task.exception()  # retrieved, so asyncio does not warn about an exception nobody awaited
 
 
+async def drain() -> None:
+    """Cancel the exchanges still running past their deadline, and wait for them: at shutdown, so none is left for the
+    event loop to tear down half-way (an async generator closed while it runs logs an error)."""
+    tasks = list(_detached)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _check_deadline(deadline: float, timeout: float) -> None:
     if asyncio.get_running_loop().time() > deadline:
         raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s")
