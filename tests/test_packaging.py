@@ -26,6 +26,16 @@ def test_readme_gives_exactly_two_setup_commands_demo_and_tests() -> None:
     assert commands[1].endswith("python -m pytest")
 
 
+def test_both_commands_build_llama_cpp_with_the_flags_the_patched_build_uses() -> None:
+    from exporter.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT
+    from tests.support import llamabuild
+
+    wanted = f'CMAKE_ARGS="{" ".join(CMAKE_FLAGS)}"'
+    assert all(wanted in command for command in _setup_commands()) and wanted in INSTALL_HINT
+    assert set(CMAKE_FLAGS) <= set(llamabuild.CMAKE_FLAGS) and "-DGGML_NATIVE=OFF" in CMAKE_FLAGS
+    assert "python -m tests.support.llamabuild && python -m pytest" in _setup_commands()[1]
+
+
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert _setup_commands()[1] in ci.splitlines()
