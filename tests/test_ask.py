@@ -277,7 +277,7 @@ def real_fleet(tmp_path_factory: pytest.TempPathFactory):
             auth = ["--exporter-username", "gate", "--exporter-password-file", str(password)]
 
             def everything_known() -> bool:
-                code, report = _cli(daemon.url, *auth)
+                _, report = _cli(daemon.url, *auth)
                 return all(m["verdict"] != "unchecked" for m in report["models"]) and len(report["models"]) == 5
 
             from tests.support.process import wait_until
