@@ -17,7 +17,8 @@ from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.settings.schema import Settings
 from exporter.state import Fleet, ModelState
 from exporter.verdict import Verdict

@@ -11,7 +11,8 @@ import pytest
 import structlog
 
 from exporter.daemon.watch import Watcher
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.certs import make_certs, server_tls

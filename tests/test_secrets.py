@@ -16,7 +16,8 @@ from exporter import cli
 from exporter.daemon.watch import Watcher
 from exporter.probe import probes
 from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure
 from exporter.settings.schema import Settings
 from exporter.state import Fleet

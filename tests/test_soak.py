@@ -21,7 +21,8 @@ from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.watch import Watcher
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import Reason
 from exporter.settings.schema import Settings
 from exporter.state import Fleet

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from exporter.filestamp import FileStamp, file_stamp
-from exporter.probe.fetch import new_client
+from exporter.probe.client import new_client
 from exporter.problems import ConfigError, problem_lines, refusal, yaml_problem
 from exporter.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
 from exporter.state import ServerState
