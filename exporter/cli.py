@@ -396,7 +396,7 @@ def _checked(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from exporter.audit import run_audit
+    from exporter.saved import run_audit
 
     return run_audit(args.files, as_json=args.json, stdin=sys.stdin.buffer, out=sys.stdout)
 

@@ -18,22 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.audit import (
-    AnswerTally,
-    CannotJudge,
-    FillInLogprobs,
-    NotAnAnswer,
-    Status,
-    audit_file,
-    read_answers,
-    require_real,
-    run_audit,
-    tally,
-)
+from exporter.audit import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
 from exporter.cli import main
 from exporter.probe import probes
-from exporter.probe.canary import TABLE, Endpoint, classify, shape_of
+from exporter.probe.canary import TABLE, Endpoint, classify
 from exporter.probe.fetch import Fetcher
+from exporter.probe.shapes import shape_of
+from exporter.saved import audit_file, read_answers, run_audit
 from exporter.settings.schema import ServerConfig
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated
