@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
@@ -14,6 +15,7 @@ from tests.support.process import ExporterProcess, wait_for
 from tests.support.wire import FakeLlama
 
 
+@pytest.mark.real
 def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_path: Path) -> None:
     with FaultServer(FakeLlama.plain(tokens=8)) as llama:
         config = tmp_path / "specwatch.yml"
@@ -40,6 +42,7 @@ def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_
             wait_for(lambda: llama.count("/props") > before, 15, "a to be polled still", alive=exporter.process)
 
 
+@pytest.mark.real
 def test_no_config_at_all_logs_a_warning_with_the_way_out(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SPECWATCH_")}
     env["SPECWATCH_POLL_INTERVALL"] = "30s"

@@ -187,6 +187,7 @@ def fleet():
         yield {"a": a, "b": b}
 
 
+@pytest.mark.real
 def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Path, fleet) -> None:
     targets = tmp_path / "targets"
     targets.mkdir()
@@ -234,6 +235,7 @@ def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Pat
         assert value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1
 
 
+@pytest.mark.real
 def test_check_config_reads_the_discovery_sources_once(tmp_path: Path) -> None:
     (tmp_path / "t.json").write_text(json.dumps([{"targets": ["10.0.0.9:8080", "10.0.0.10:8080"]}]))
     config = tmp_path / "specwatch.yml"

@@ -412,6 +412,7 @@ async def test_huge_draft_count_cannot_break_the_scrape(clients, neighbour: Faul
 ROUNDS = 10
 
 
+@pytest.mark.slow
 async def test_timeouts_under_load_never_strand_a_connection(clients) -> None:
     """A timeout that lands during httpcore's cleanup used to leave the connection checked out, its socket open for good."""
     import time

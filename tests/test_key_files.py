@@ -74,6 +74,7 @@ def test_a_rotation_gap_keeps_the_last_good_key_and_says_so_once(tmp_path: Path,
     assert "sk-" not in repr(logged)
 
 
+@pytest.mark.real
 def test_a_key_rotated_on_a_real_server_needs_no_reload(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("sk-rotation-one\n")

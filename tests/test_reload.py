@@ -61,6 +61,7 @@ def still_polled(*servers: FaultServer, seconds: float = 1.0) -> bool:
     return all(s.count("/props") > b for s, b in zip(servers, before, strict=True))
 
 
+@pytest.mark.real
 def test_a_bad_config_is_refused_and_the_old_one_keeps_running(running, fleet, tmp_path) -> None:
     exporter, config = running
     first = samples(exporter)
@@ -94,6 +95,7 @@ def test_a_bad_config_is_refused_and_the_old_one_keeps_running(running, fleet, t
     assert exporter.process.poll() is None
 
 
+@pytest.mark.real
 def test_sighup_swaps_the_fleet_without_a_restart(running, fleet) -> None:
     exporter, config = running
     loaded_at = value(samples(exporter), RELOAD_AT)
@@ -118,6 +120,7 @@ def test_sighup_swaps_the_fleet_without_a_restart(running, fleet) -> None:
     assert (reloaded["servers"], reloaded["added"], reloaded["removed"], reloaded["changed"]) == (2, 1, 1, ["servers"])
 
 
+@pytest.mark.real
 def test_post_reload_recovers_after_a_failed_one(running, fleet, tmp_path) -> None:
     exporter, config = running
     write(config, [{"name": "a", "url": fleet["a"].url, "api_key_file": str(tmp_path / "missing.key")}])

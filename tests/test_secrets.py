@@ -127,6 +127,7 @@ def assert_keys_reached(echo_servers: dict[str, FaultServer]) -> None:
         assert {f"Bearer {FILE_KEY}", f"Bearer {ENV_KEY}"} <= sent, name
 
 
+@pytest.mark.slow
 async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures, key_file, key_env) -> None:
     # The watcher's timeouts leave room for a loaded machine: a healthy echo server must not fail by timing out.
     settings = Settings(servers=fleet_config(echo_servers, other_failures, key_file), canary_endpoints=ENDPOINTS,
@@ -159,6 +160,7 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
     assert leaks(repr(labels)) == []
 
 
+@pytest.mark.slow
 def test_check_command_output_carries_no_key(echo_servers, other_failures, key_file, key_env, capsys) -> None:
     urls = [s.url for s in echo_servers.values()] + list(other_failures.values())
     output = []
@@ -184,6 +186,7 @@ def write_config(path: Path, servers: list[dict], **extra: object) -> Path:
     return path
 
 
+@pytest.mark.real
 def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, key_file, key_env, tmp_path) -> None:
     servers = fleet_config(echo_servers, other_failures, key_file)
     config = write_config(tmp_path / "specwatch.yml", servers)
@@ -217,6 +220,7 @@ def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, ke
     assert leaks("\n".join(seen)) == []
 
 
+@pytest.mark.real
 def test_check_config_output_carries_no_key(key_file, key_env, tmp_path) -> None:
     servers = [{"name": "a", "url": refused_url(), "api_key_file": str(key_file)},
                {"name": "b", "url": refused_url(), "api_key_env": ENV_NAME}]
