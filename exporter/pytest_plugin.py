@@ -351,7 +351,7 @@ def pytest_sessionstart(session: pytest.Session) -> Iterator[None]:
 
 
 class SpecwatchGate:
-    """The `specwatch_gate` fixture: check a server (or ask an exporter) from a fixture; a verdict other than clean fails.
+    """The `specwatch` fixture: check a server (or ask an exporter) from a fixture; a verdict other than clean fails.
 
     Each target is checked once per session with the same options; the options on the command line and in the ini
     (API key, endpoints, tokens, timeout, exporter credentials) are the defaults.
@@ -367,13 +367,13 @@ class SpecwatchGate:
     ) -> CheckReport | AskReport:
         """Canary `url`, or ask `exporter` about `servers` and `labels`; the report when clean, else pytest.fail."""
         if (url is None) == (exporter is None):
-            raise TypeError("specwatch_gate: give a server's URL to canary it, or exporter=URL to ask a running specwatch")
+            raise TypeError("specwatch fixture: give a server's URL to canary it, or exporter=URL to ask a running specwatch")
         base = self._gate.defaults
         changes: dict[str, Any] = {"model": model if model is not None else base.model}
         try:
             if url is not None:
                 if servers or labels:
-                    raise TypeError("specwatch_gate: servers and labels select what an exporter reports: give exporter=URL")
+                    raise TypeError("specwatch fixture: servers and labels select what an exporter reports: give exporter=URL")
                 if api_key_env is not None or api_key_file is not None:
                     changes.update(api_key_env=api_key_env, api_key_file=Path(api_key_file) if api_key_file else None)
                 if endpoints is not None:
@@ -390,14 +390,15 @@ class SpecwatchGate:
         else:
             problem = None
         if problem is not None:  # failed outside the except clause: the error is the message, not a chain of two
-            pytest.fail(f"specwatch_gate: {problem}", pytrace=False)
+            pytest.fail(f"specwatch fixture: {problem}", pytrace=False)
         if not outcome.clean:
             pytest.fail(f"specwatch: {outcome.target} is {outcome.verdict}: do not score against it\n{outcome.text}",
                         pytrace=False)
         return outcome.report
 
 
+# Named after the plugin, as pytest-mock's `mocker` or pytest-httpserver's `httpserver` are.
 @pytest.fixture(scope="session")
-def specwatch_gate(pytestconfig: pytest.Config) -> SpecwatchGate:
-    """Check servers from a fixture: `specwatch_gate("http://judge:8080")` returns the report, or fails when not clean."""
+def specwatch(pytestconfig: pytest.Config) -> SpecwatchGate:
+    """Check servers from a fixture: `specwatch("http://judge:8080")` returns the report, or fails when not clean."""
     return SpecwatchGate(pytestconfig.stash[GATE_KEY])

@@ -66,7 +66,7 @@ def test_promptfoo_before_all_extension(tmp_path: Path, servers: dict[str, str],
         for kind in ("draft", "plain"):
             work = tmp_path / kind
             work.mkdir()
-            (work / "specwatch_gate.js").write_text(gate)
+            (work / "specwatch-gate.js").write_text(gate)
             (work / "promptfooconfig.yaml").write_text(config)
             env = recipes.environment([specwatch[1]], LLAMA_URL=servers[kind], PROMPTFOO_DISABLE_TELEMETRY="1",
                                       PROMPTFOO_DISABLE_UPDATE="1", PROMPTFOO_CONFIG_DIR=str(work / ".promptfoo"))
@@ -130,7 +130,7 @@ def test_deepeval_conftest(tmp_path: Path, servers: dict[str, str], specwatch: t
             result = _run([python.parent / "deepeval", "test", "run", "test_answers.py"], work, env)
             said = _said(result)
             # Nothing here names the plugin: the fixture exists because pytest loaded it through its entry point.
-            assert "fixture 'specwatch_gate' not found" not in said, said
+            assert "fixture 'specwatch' not found" not in said, said
             if kind == "draft":
                 assert result.returncode == 1, said
                 assert f"specwatch: {servers['draft']} is fill_ins: do not score against it" in said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -104,7 +105,7 @@ def test_every_server_named_must_be_clean_and_the_worst_verdict_decides(suite: p
 
 def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loaded but not asked: no header line, no check, nothing of specwatch imported; its options and fixture exist."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     pytester.makepyfile(test_quiet="""
         import sys
 
@@ -121,7 +122,7 @@ def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytes
     for flag in ("--specwatch=URL", "--specwatch-exporter=URL", "--specwatch-label=KEY=VALUE", "--specwatch-api-key-file=FILE"):
         assert flag in helped
     assert "specwatch (args):" in helped  # the ini key
-    assert "specwatch_gate [session scope]" in pytester.runpytest_subprocess(*plugin_args(), "--fixtures").stdout.str()
+    assert "specwatch [session scope]" in pytester.runpytest_subprocess(*plugin_args(), "--fixtures").stdout.str()
 
 
 def test_collect_only_checks_nothing(suite: pytest.Pytester) -> None:
@@ -207,7 +208,7 @@ def test_only_the_endpoints_asked_for_are_canaried(suite: pytest.Pytester, plain
 def _readme_fixture_example() -> str:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Gate an eval where it runs", 1)[1].split("\n## ", 1)[0]
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "specwatch_gate(" in b
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "specwatch(" in b
                   and "scope=\"module\"" in b]
     return example
 
@@ -239,12 +240,12 @@ def test_the_fixture_from_an_async_test(pytester: pytest.Pytester, plain: FaultS
         import pytest
 
         @pytest.mark.asyncio
-        async def test_inside_a_running_loop(specwatch_gate):
-            assert specwatch_gate({plain.url!r}).verdict == "clean"
+        async def test_inside_a_running_loop(specwatch):
+            assert specwatch({plain.url!r}).verdict == "clean"
 
         @pytest.mark.asyncio
-        async def test_refused_inside_a_running_loop(specwatch_gate):
-            specwatch_gate({draft.url!r})
+        async def test_refused_inside_a_running_loop(specwatch):
+            specwatch({draft.url!r})
     """)
     result = run(pytester)
     outcomes = result.parseoutcomes()
@@ -255,20 +256,20 @@ def test_the_fixture_from_an_async_test(pytester: pytest.Pytester, plain: FaultS
 
 def test_the_fixture_refuses_a_call_it_cannot_make(pytester: pytest.Pytester, plain: FaultServer) -> None:
     pytester.makepyfile(test_calls=f"""
-        def test_bad_url(specwatch_gate):
-            specwatch_gate("http://a:8080/?key=1")
+        def test_bad_url(specwatch):
+            specwatch("http://a:8080/?key=1")
 
-        def test_both(specwatch_gate):
-            specwatch_gate({plain.url!r}, exporter="http://e:9824")
+        def test_both(specwatch):
+            specwatch({plain.url!r}, exporter="http://e:9824")
 
-        def test_bad_tokens(specwatch_gate):
-            specwatch_gate({plain.url!r}, tokens=1)
+        def test_bad_tokens(specwatch):
+            specwatch({plain.url!r}, tokens=1)
     """)
     result = run(pytester)
     result.stdout.fnmatch_lines([
-        "*_ test_bad_url _*", "specwatch_gate: cannot check http://a:8080/?key=1: *must not carry a query or fragment*",
-        "*_ test_both _*", "*TypeError: specwatch_gate: give a server's URL to canary it, or exporter=URL to ask a running specwatch",
-        "*_ test_bad_tokens _*", "specwatch_gate: '1' is not a whole number from 4 to 512",
+        "*_ test_bad_url _*", "specwatch fixture: cannot check http://a:8080/?key=1: *must not carry a query or fragment*",
+        "*_ test_both _*", "*TypeError: specwatch fixture: give a server's URL to canary it, or exporter=URL to ask a running specwatch",
+        "*_ test_bad_tokens _*", "specwatch fixture: '1' is not a whole number from 4 to 512",
     ])
     assert "During handling" not in result.stdout.str()
     assert result.parseoutcomes().get("failed") == 3
@@ -336,6 +337,7 @@ def _ask_args(exporter: str, password: Path, *selection: str) -> list[str]:
             "--specwatch-exporter-password-file", str(password)]
 
 
+@pytest.mark.slow
 def test_asks_a_running_exporter_with_basic_auth(suite: pytest.Pytester, tmp_path: Path, plain: FaultServer,
                                                  draft: FaultServer) -> None:
     web, password = _web_config(tmp_path)
@@ -352,6 +354,18 @@ def test_asks_a_running_exporter_with_basic_auth(suite: pytest.Pytester, tmp_pat
         assert run(suite, *_ask_args(url, password, "--specwatch-server", "eval-a")).ret == 0
         nothing = run(suite, *_ask_args(url, password, "--specwatch-label", "pool=none"))
         assert nothing.ret == EXIT_UNCHECKED and "nothing the exporter(s) watch matches the selection" in nothing.stdout.str()
+        # The fixture asks too, with the command line's credentials as its defaults.
+        suite.makepyfile(test_pools=f"""
+            def test_serving_pool(specwatch):
+                assert specwatch(exporter={url!r}, labels={{"pool": "serve"}}).verdict == "clean"
+
+            def test_eval_pool(specwatch):
+                specwatch(exporter={url!r}, labels={{"pool": "eval"}})
+        """)
+        pools = run(suite, "test_pools.py", "--specwatch-exporter-username", "eval", "--specwatch-exporter-password-file",
+                    str(password))
+        assert (pools.parseoutcomes().get("passed"), pools.parseoutcomes().get("failed")) == (1, 1), pools.stdout.str()
+        pools.stdout.fnmatch_lines([f"specwatch: {url} (label=pool=eval) is fill_ins: do not score against it"])
         password.write_text("wrong\n")
         refused = run(suite, *_ask_args(url, password, "--specwatch-label", "pool=serve"))
         assert refused.ret == EXIT_UNCHECKED and "the exporter refused the credentials: give --specwatch-exporter-username" \
