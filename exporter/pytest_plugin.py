@@ -38,7 +38,7 @@ class _Option:
     flag: str
     ini: str
     kind: str
-    """"list" (repeatable flag; whitespace-separated in the ini), "text", or "path" (relative to the ini's folder)."""
+    """One of: list (a repeatable flag; whitespace-separated in the ini), text, path (relative to the ini's folder)."""
     metavar: str
     help: str
 
