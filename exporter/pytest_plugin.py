@@ -148,13 +148,13 @@ def server_config(url: str, defaults: Defaults) -> ServerConfig:
 
 def defaults_of(given: Mapping[str, Any]) -> Defaults:
     """The options as `specwatch check` would take them, or a GateError saying what is wrong."""
-    from exporter.cli import DEFAULT_TOKENS, _duration, _label, _tokens
+    from exporter.cli import DEFAULT_TOKENS, duration_argument, label_argument, tokens_argument
     from exporter.probe.canary import Endpoint
 
     try:
-        tokens = _tokens(given["specwatch_tokens"]) if "specwatch_tokens" in given else DEFAULT_TOKENS
-        timeout = _duration(given["specwatch_timeout"]) if "specwatch_timeout" in given else 60.0
-        labels = tuple(_label(text) for text in given.get("specwatch_label", []))
+        tokens = tokens_argument(given["specwatch_tokens"]) if "specwatch_tokens" in given else DEFAULT_TOKENS
+        timeout = duration_argument(given["specwatch_timeout"]) if "specwatch_timeout" in given else 60.0
+        labels = tuple(label_argument(text) for text in given.get("specwatch_label", []))
     except (ValueError, argparse.ArgumentTypeError) as err:
         raise GateError(str(err)) from None
     endpoints = tuple(given.get("specwatch_endpoint", []))

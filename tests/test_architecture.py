@@ -19,10 +19,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("exporter.verdict",),
     ("exporter.settings", "exporter.settings.*"),
     ("exporter.state", "exporter.report", "exporter.runner", "exporter.oneserver", "exporter.audit", "exporter.saved"),
-    ("exporter.check", "exporter.ask", "exporter.pytest_plugin"),
+    ("exporter.check", "exporter.ask"),
     ("exporter.daemon", "exporter.daemon.*"),
     ("exporter.demo", "exporter.demo.*"),
-    ("exporter.cli", "exporter.__main__"),
+    ("exporter.cli", "exporter.__main__", "exporter.pytest_plugin"),
 )
 
 

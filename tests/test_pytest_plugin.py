@@ -103,6 +103,7 @@ def test_every_server_named_must_be_clean_and_the_worst_verdict_decides(suite: p
     assert run(suite, "--specwatch", down, "--specwatch", draft.url).ret == EXIT_NOT_REAL
 
 
+@pytest.mark.real
 def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loaded but not asked: no header line, no check, nothing of specwatch imported; its options and fixture exist."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
@@ -275,6 +276,7 @@ def test_the_fixture_refuses_a_call_it_cannot_make(pytester: pytest.Pytester, pl
     assert result.parseoutcomes().get("failed") == 3
 
 
+@pytest.mark.real
 def test_run_and_check_never_import_the_plugin_or_pytest(tmp_path: Path) -> None:
     """pytest is no runtime dependency: `specwatch run` and `check` work where it cannot be imported, and never load the plugin."""
     config = tmp_path / "specwatch.yml"
