@@ -107,7 +107,8 @@ class Watcher(Runner):
         now = self._clock()
         for key, model in state.models.items():
             found = due(model, now, interval=self.settings.canary_interval, tokens=self.settings.canary_tokens,
-                        tokens_speculating=self.settings.canary_tokens_speculating)
+                        tokens_speculating=self.settings.canary_tokens_speculating,
+                        poll_interval=self.settings.poll_interval)
             if found is not None and ("canary", name, key) not in self._in_flight:
                 task = asyncio.ensure_future(self.canary(name, key, found))
                 self._rounds.add(task)
