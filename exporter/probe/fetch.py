@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import socket
 import ssl
@@ -29,11 +30,18 @@ def _cause_chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
+_NO_ROUTE = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+
+
 def classify_transport_error(err: Exception) -> Reason:
     """The closed-set reason for an httpx transport failure."""
     if isinstance(err, httpx.TimeoutException):
         return Reason.TIMEOUT
     chain = _cause_chain(err)
+    # A server whose link is down first looks like a timeout (packets vanish), then, once the neighbour entry has
+    # failed, the kernel says "No route to host": not a reset, which would send on-call to the server.
+    if any(isinstance(e, OSError) and e.errno in _NO_ROUTE for e in chain):
+        return Reason.UNREACHABLE
     if any(isinstance(e, socket.gaierror) for e in chain):
         return Reason.DNS
     if any(isinstance(e, ssl.SSLError | ssl.CertificateError) for e in chain):
@@ -45,6 +53,8 @@ def classify_transport_error(err: Exception) -> Reason:
         return Reason.TLS
     if any(isinstance(e, ConnectionRefusedError) for e in chain) or "connection refused" in text:
         return Reason.CONNECTION_REFUSED
+    if "no route to host" in text or "network is unreachable" in text:
+        return Reason.UNREACHABLE
     return Reason.CONNECTION_RESET
 
 
