@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     Delivery,
     WebhookReceiver,
+    addresses,
     alertmanager_config,
     http_ok,
     prometheus_query,
@@ -56,10 +57,7 @@ def test_a_second_bad_server_gets_its_own_page_while_the_first_is_open(tmp_path:
     first = LlamaServer.of_kind("draft", model, log_dir=tmp_path)
     second = LlamaServer.of_kind("draft", model, log_dir=tmp_path)  # not started yet: its polls fail until it is
     chosen, alternative = WebhookReceiver().start(), WebhookReceiver().start()
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(free_port())
-    exporter, prometheus_address, chosen_address, alternative_address = (f"127.0.0.1:{p}" for p in sorted(ports))
+    exporter, prometheus_address, chosen_address, alternative_address = addresses(4, plain.port, first.port, second.port)
     prometheus = f"http://{prometheus_address}"
     processes: list[Process] = []
     began = time.monotonic()

@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     WebhookReceiver,
     active_alerts,
+    addresses,
     alert_samples_since,
     alertmanager_config,
     evaluated_since,
@@ -96,10 +97,7 @@ def test_an_exporter_killed_mid_incident_pages_once_and_keeps_every_timer(tmp_pa
     draft = LlamaServer.of_kind("draft", model, log_dir=tmp_path)
     broken = FaultServer(FakeLlama.plain()).play(Status(500), "/completion").start()
     receiver = WebhookReceiver().start()
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(free_port())
-    exporter, prometheus_address, alertmanager_address, nobody = (f"127.0.0.1:{port}" for port in sorted(ports))
+    exporter, prometheus_address, alertmanager_address, nobody = addresses(4, plain.port, draft.port, broken.port)
     prometheus = f"http://{prometheus_address}"
     processes: list[Process] = []
     began = time.monotonic()

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
@@ -39,6 +39,7 @@ from tests.support.chain import (
     Delivery,
     WebhookReceiver,
     active_alerts,
+    addresses,
     alert_rules,
     alert_samples_since,
     alertmanager_config,
@@ -141,10 +142,7 @@ def ha_pair(tmp_path: Path) -> Iterator[Pair]:
     plain = LlamaServer.of_kind("plain", model, log_dir=tmp_path)
     draft = LlamaServer.of_kind("draft", model, log_dir=tmp_path)
     receiver = WebhookReceiver().start()
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(free_port())
-    a, b, prometheus_address, alertmanager_address = (f"127.0.0.1:{port}" for port in sorted(ports))
+    a, b, prometheus_address, alertmanager_address = addresses(4, plain.port, draft.port)
     prometheus = f"http://{prometheus_address}"
     processes: list[Process] = []
     try:

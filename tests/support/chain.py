@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from exporter.demo.llamaserver import free_port
 from tests.support.process import Process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -329,6 +330,17 @@ def prometheus_config(alertmanager: str, *, interval: str) -> tuple[dict, dict[s
     for job in jobs.values():
         job["scrape_interval"] = interval
     return config, jobs
+
+
+def addresses(count: int, *taken: int) -> list[str]:
+    """`count` distinct loopback addresses on ports free now and not in `taken` (ports of servers made but not started
+    yet: free_port() may hand out one of those again)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports and port not in taken:
+            ports.append(port)
+    return [f"127.0.0.1:{port}" for port in ports]
 
 
 def write_yaml(path: Path, config: dict) -> Path:
