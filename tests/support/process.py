@@ -159,6 +159,14 @@ class Process:
         if proc is not None:
             _stop_group(proc, timeout)
 
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, as the OOM killer or a node loss would: no shutdown code runs."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
 
 def wait_until(what: str, check: Callable[[], object], *, timeout: float, processes: Sequence[Process] = (),
                interval: float = 0.2) -> object:
