@@ -280,7 +280,7 @@ def real_fleet(tmp_path_factory: pytest.TempPathFactory):
                 _, report = _cli(daemon.url, *auth)
                 return all(m["verdict"] != "unchecked" for m in report["models"]) and len(report["models"]) == 5
 
-            from tests.support.process import wait_until
+            from tests.support.waiting import wait_until
 
             wait_until("every verdict", everything_known, timeout=90)
             yield daemon, auth

@@ -19,7 +19,8 @@ from tests.support.faults import Redirect, Respond
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
 from tests.support.net import refused_url
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama, FakeRouter
 
 SOURCE = FileSDConfig(files=["unused"])
@@ -201,19 +202,16 @@ def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Pat
     with ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
         metrics = f"{exporter.url()}/metrics"
-        wait_for(lambda: value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1, 20, "a clean",
-                 alive=exporter.process)
+        wait_until("a clean", lambda: value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1, timeout=20, alive=exporter.process)
 
         (targets / "b.json").write_text(json.dumps([{"targets": [address(fleet["b"])], "labels": {"server": "b"}}]))
-        wait_for(lambda: value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1, 20,
-                 "b added and caught", alive=exporter.process)
+        wait_until("b added and caught", lambda: value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1, timeout=20, alive=exporter.process)
         samples = scrape(metrics)
         assert value(samples, "specwatch_configured_servers") == 2
         assert value(samples, "specwatch_discovery_targets", source="file_sd[0]") == 2
 
         (targets / "b.json").write_text("[{not json")
-        wait_for(lambda: value(scrape(metrics), "specwatch_discovery_refresh_successful", source="file_sd[0]") == 0, 20,
-                 "the broken file refused", alive=exporter.process)
+        wait_until("the broken file refused", lambda: value(scrape(metrics), "specwatch_discovery_refresh_successful", source="file_sd[0]") == 0, timeout=20, alive=exporter.process)
         refused = [e for e in exporter.events() if e.get("event") == "discovery_refused"]
         assert refused and "b.json" in refused[-1]["file"] and "not valid JSON or YAML" in refused[-1]["error"]
         assert value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1  # still watched
@@ -226,12 +224,12 @@ def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Pat
         assert wrong.status_code == 400 and "clean, fill_ins, unproven, unchecked" in wrong.text
 
         (targets / "b.json").unlink()
-        wait_for(lambda: value(scrape(metrics), "specwatch_configured_servers") == 1, 20, "b removed", alive=exporter.process)
+        wait_until("b removed", lambda: value(scrape(metrics), "specwatch_configured_servers") == 1, timeout=20, alive=exporter.process)
         assert value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") is None
 
         # A reload keeps what discovery found.
         exporter.signal(signal.SIGHUP)
-        wait_for(lambda: any(e.get("event") == "reloaded" for e in exporter.events()), 10, "the reload", alive=exporter.process)
+        wait_until("the reload", lambda: any(e.get("event") == "reloaded" for e in exporter.events()), timeout=10, alive=exporter.process)
         assert value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1
 
 

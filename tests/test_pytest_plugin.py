@@ -19,7 +19,8 @@ import pytest
 from exporter.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED
 from tests.support.loopback import FaultServer
 from tests.support.net import refused_url
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 pytest_plugins = ["pytester"]
@@ -346,7 +347,7 @@ def test_asks_a_running_exporter_with_basic_auth(suite: pytest.Pytester, tmp_pat
     config = _watch(tmp_path, {"eval-a": (plain.url, "eval"), "eval-b": (draft.url, "eval"), "serve-a": (plain.url, "serve")})
     with ExporterProcess("--config", str(config), "--web-config", str(web)) as exporter:
         url = exporter.wait_started().url()
-        wait_for(lambda: _verdicts_settled(url, {"eval-a", "eval-b", "serve-a"}), 30, "every verdict", alive=exporter.process)
+        wait_until("every verdict", lambda: _verdicts_settled(url, {"eval-a", "eval-b", "serve-a"}), timeout=30, alive=exporter.process)
         pool = run(suite, *_ask_args(url, password, "--specwatch-label", "pool=eval"))
         assert pool.ret == EXIT_NOT_REAL and not scored(suite)
         assert "eval-b: FILL_INS" in pool.stdout.str() and "worst of 2 selected" in pool.stdout.str()
@@ -405,7 +406,7 @@ def test_real_exporter_watching_real_servers(suite: pytest.Pytester, tmp_path: P
     config = _watch(tmp_path, {"judge": (real_servers["plain"], "judges"), "candidate": (real_servers["draft"], "candidates")})
     with ExporterProcess("--config", str(config), "--web-config", str(web)) as exporter:
         url = exporter.wait_started().url()
-        wait_for(lambda: _verdicts_settled(url, {"judge", "candidate"}), 60, "every verdict", alive=exporter.process)
+        wait_until("every verdict", lambda: _verdicts_settled(url, {"judge", "candidate"}), timeout=60, alive=exporter.process)
         everything = run(suite, *_ask_args(url, password))
         assert everything.ret == EXIT_NOT_REAL and not scored(suite)
         assert "candidate: FILL_INS" in everything.stdout.str()

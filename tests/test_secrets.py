@@ -25,7 +25,8 @@ from tests.support.certs import make_certs, server_tls
 from tests.support.faults import Hang, Respond, Seen
 from tests.support.loopback import FaultServer
 from tests.support.net import UNRESOLVABLE_URL, refused_url
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 FILE_KEY = "sk-SPECWATCH-CANARY-0123456789"
@@ -199,7 +200,7 @@ def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, ke
             failed = {e.get("server") for e in exporter.events() if e.get("event") in ("poll_failed", "canary_failed")}
             return names <= failed
 
-        wait_for(every_server_failed, 30, "a failure logged for every server", alive=exporter.process)
+        wait_until("a failure logged for every server", every_server_failed, timeout=30, alive=exporter.process)
         with httpx.Client(timeout=10) as client:
             metrics = client.get(f"{exporter.url()}/metrics").text
             seen += [metrics, client.get(exporter.url() + "/").text]
@@ -212,7 +213,7 @@ def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, ke
             seen.append(refused.text)
             write_config(config, [{**servers[0], "api_key_file": str(tmp_path / "missing.key")}])
             exporter.signal(signal.SIGHUP)
-            wait_for(lambda: sum(e.get("event") == "reload_failed" for e in exporter.events()) >= 2, 10, "the SIGHUP reload")
+            wait_until("the SIGHUP reload", lambda: sum(e.get("event") == "reload_failed" for e in exporter.events()) >= 2, timeout=10)
             assert "specwatch_config_last_reload_successful 0.0" in client.get(f"{exporter.url()}/metrics").text
     seen.append(exporter.output())
     assert_keys_reached(echo_servers)

@@ -18,7 +18,8 @@ from exporter.daemon.shard import hashmod, select
 from exporter.demo.llamaserver import free_port
 from exporter.settings.schema import Settings
 from tests.support.chain import http_ok
-from tests.support.process import Process, wait_until
+from tests.support.process import Process
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = [f"llama-{i:04d}" for i in range(300)] + ["", "eval-a", "ünïcode-名前", "x" * 200, 'quote"and\\slash']

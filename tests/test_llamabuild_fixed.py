@@ -210,7 +210,8 @@ def test_the_daemon_on_the_fixed_build(servers, tmp_path):
     import yaml
 
     from tests.support.metrics import find, scrape
-    from tests.support.process import ExporterProcess, wait_until
+    from tests.support.process import ExporterProcess
+    from tests.support.waiting import wait_until
 
     fixed, b11434 = servers("on"), servers("pip")
     for endpoints, verdict in ((None, "fill_ins"), (FIXED_ENDPOINTS, "clean")):

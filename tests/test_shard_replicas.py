@@ -53,7 +53,8 @@ from tests.support.chain import (
 from tests.support.chain import alertmanager as chain_alertmanager
 from tests.support.chain import prometheus as chain_prometheus
 from tests.support.chain import prometheus_config as example_prometheus_config
-from tests.support.process import Process, wait_until
+from tests.support.process import Process
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

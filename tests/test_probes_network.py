@@ -35,6 +35,7 @@ from tests.support.netfault import (
     StreamTap,
     connections,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -117,16 +118,6 @@ def healthy(rig: Rig, name: str) -> bool:
             and not any(key[1] == name for key in list(rig.daemon.daemon.watcher._streaks)))  # type: ignore[union-attr]
 
 
-def wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(interval)
-
-
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     work = tmp_path_factory.mktemp("netfaults")
@@ -162,7 +153,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             daemon = DaemonThread(config, free_port()).start()
             sampler = Sampler(daemon.url, keep=KEPT.__contains__).start()
             built = Rig(servers, daemon, sampler, log, firewall, namespace, tap, record)
-            wait("every server watched, canaried and healthy", lambda: all(healthy(built, n) for n in servers), 60, 0.1)
+            wait_until("every server watched, canaried and healthy", lambda: all(healthy(built, n) for n in servers), timeout=60, interval=0.1)
             yield built
         finally:
             if sampler is not None:
@@ -241,8 +232,8 @@ def held(rig: Rig) -> Held:
     with rig.sampler.paused():
         try:
             tasks, out, busy = rig.daemon.call(quiet)
-            wait("the scrapes' request threads to end", lambda: not any("process_request" in t.name
-                                                                         for t in threading.enumerate()), 5)
+            wait_until("the scrapes' request threads to end", lambda: not any("process_request" in t.name
+                                                                         for t in threading.enumerate()), timeout=5)
             threads = sorted(t.name for t in threading.enumerate())
             sockets = {names[peer]: states for peer, states in connections(set(peers.values())).items()}
             stranded = stranded_sockets({port for _, port in peers.values()})
@@ -278,11 +269,11 @@ class Run:
 def strike(rig: Rig, target: str, inject: Callable[[], None], lift: Callable[[], None], *,
            trigger: Callable[[], None] | None = None) -> Run:
     """Settle, count, inject (once `trigger` returns, if given), hold HOLD, lift, wait for recovery, count again."""
-    wait("every server healthy before the fault", lambda: all(healthy(rig, n) for n in rig.servers), 30, 0.05)
+    wait_until("every server healthy before the fault", lambda: all(healthy(rig, n) for n in rig.servers), timeout=30, interval=0.05)
     run = Run(target, time.time())
     run.held_before = held(rig)
     run.counted = time.time()
-    wait("every server healthy after the count", lambda: all(healthy(rig, n) for n in rig.servers), 30, 0.05)
+    wait_until("every server healthy after the count", lambda: all(healthy(rig, n) for n in rig.servers), timeout=30, interval=0.05)
     run.before = rig.latest()
     logged = len(rig.log.events())
     run.started = time.time()
@@ -292,7 +283,7 @@ def strike(rig: Rig, target: str, inject: Callable[[], None], lift: Callable[[],
         inject()
         run.struck = time.time()
         run.figures["rules"] = rig.firewall.rules()
-        wait(f"{target}'s poll to fail", lambda: rig.state(target).poll_success is False, HOLD)
+        wait_until(f"{target}'s poll to fail", lambda: rig.state(target).poll_success is False, timeout=HOLD)
         time.sleep(max(0.0, run.struck + HOLD - time.time()))
     finally:
         lift()
@@ -303,8 +294,8 @@ def strike(rig: Rig, target: str, inject: Callable[[], None], lift: Callable[[],
         at = rig.state(target).last_poll_success_timestamp
         return at if at is not None and at > run.lifted and rig.state(target).poll_success else None
 
-    run.recovered = wait(f"{target} to answer a poll again", answered, 10)
-    wait(f"{target} canaried on every endpoint again", lambda: healthy(rig, target), 20)
+    run.recovered = wait_until(f"{target} to answer a poll again", answered, timeout=10)
+    wait_until(f"{target} canaried on every endpoint again", lambda: healthy(rig, target), timeout=20)
     run.settled = time.time()
     run.measured = max(run.settled + 0.3, run.counted + CADENCE_WINDOW)  # the scrapes and log lines of the last canary
     time.sleep(max(0.0, run.measured - time.time()))
