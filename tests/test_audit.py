@@ -491,6 +491,7 @@ def test_run_audit_in_process(tmp_path: Path) -> None:
     assert "<stdin>: 1 answer: 0 clean, 1 with fill-ins" in out.getvalue()
 
 
+@pytest.mark.real
 @pytest.mark.slow
 def test_memory_stays_flat_on_a_1_gib_jsonl(tmp_path: Path) -> None:
     """Every shape, streams and SDK dumps included, repeated to 1 GiB: the audit's peak RSS is what it is on 1 MiB."""

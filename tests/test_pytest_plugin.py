@@ -340,6 +340,7 @@ def _ask_args(exporter: str, password: Path, *selection: str) -> list[str]:
             "--specwatch-exporter-password-file", str(password)]
 
 
+@pytest.mark.real
 @pytest.mark.slow
 def test_asks_a_running_exporter_with_basic_auth(suite: pytest.Pytester, tmp_path: Path, plain: FaultServer,
                                                  draft: FaultServer) -> None:

@@ -91,6 +91,7 @@ def production_logging():
     structlog.configure(**saved)
 
 
+@pytest.mark.real
 async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> None:
     fleet_process, ports = start_chaos_fleet()
     client = new_client()

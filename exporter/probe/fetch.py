@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
-from exporter.probe.client import IDLE_POOL_SECONDS, PerServerTransport
+from exporter.probe import client as pools
+from exporter.probe.client import PerServerTransport
 from exporter.reasons import ProbeFailure, Reason
 
 T = TypeVar("T")
@@ -210,7 +211,7 @@ class Fetcher:
         if found is None:
             found = self._urls[url] = self._older_urls.get(url) or httpx.URL(url)
         now = time.monotonic()
-        if now - self._urls_since >= IDLE_POOL_SECONDS:
+        if now - self._urls_since >= pools.IDLE_POOL_SECONDS:  # the pools' idle time, read when used
             self._older_urls, self._urls, self._urls_since = self._urls, {}, now
         return found
 
