@@ -396,7 +396,7 @@ def test_an_overlay_of_ones_own_sets_namespace_image_and_config(tmp_path: Path) 
         "kind": "Kustomization",
         "namespace": "monitoring",
         "resources": [os.path.relpath(DEPLOY / "ha", tmp_path)],
-        "images": [{"name": "specwatch", "newName": "registry.example/specwatch", "newTag": "0.2.0"}],
+        "images": [{"name": "specwatch", "newName": "registry.example/specwatch", "newTag": "0.3.0"}],
         "configMapGenerator": [{"name": "specwatch-config", "behavior": "replace", "files": ["specwatch.yml"]}],
     }))
     objects = kustomize(tmp_path)
@@ -404,5 +404,5 @@ def test_an_overlay_of_ones_own_sets_namespace_image_and_config(tmp_path: Path) 
     configmap = one(objects, "ConfigMap")
     assert "llama-x" in configmap["data"]["specwatch.yml"]
     for statefulset in of_kind(objects, "StatefulSet"):
-        assert container(statefulset)["image"] == "registry.example/specwatch:0.2.0"
+        assert container(statefulset)["image"] == "registry.example/specwatch:0.3.0"
         assert the_config(objects, statefulset)[1] == configmap["data"]["specwatch.yml"]
