@@ -37,6 +37,10 @@ BAD_GROUPS = [
      "[0] target 'a:1': labels: label name(s) ['endpoint'] are reserved by specwatch"),
     ([{"targets": ["a:1"]}, {"targets": ["a:1"]}], "[1] target 'a:1': the name 'a:1' is already used in this source"),
     ([{"targets": ["a:99999"]}], "[0] target 'a:99999': url: 'http://a': Port out of range 0-65535"),
+    ([{"targets": ["not a target"]}], "[0].targets: a target is HOST:PORT, with no spaces"),
+    ([{"targets": ["http://a:1"]}],
+     "[0].targets: 'http':// in a target: a target is HOST:PORT, as in Prometheus; set the source's scheme: https for TLS"),
+    ([{"targets": ["a$b:1"]}], "[0] target 'a$b:1': url: 'http://a$b': 'a$b' is not a host name or address"),
 ]
 
 
