@@ -207,7 +207,8 @@ def specwatch(config: Path, workdir: Path) -> Iterator[str]:
         process.wait(10)
 
 
-def _spread(values: list[float | None]) -> str:
+def spread(values: list[float | None]) -> str:
+    """min, median and max of the values measured, and how many were missed."""
     found = [v for v in values if v is not None]
     missed = len(values) - len(found)
     if not found:
@@ -297,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
           "specwatch_verdict fill_ins")
     print(f"{'case':<42}{'min':>7} {'median':>7} {'max':>7}")
     for case in cases:
-        print(f"{case.name:<42}{_spread(case.caught)}")
-        print(f"{'  back to plain, until clean':<42}{_spread(case.cleared)}")
+        print(f"{case.name:<42}{spread(case.caught)}")
+        print(f"{'  back to plain, until clean':<42}{spread(case.cleared)}")
     for error in errors:
         print(f"error: {error}")
     print()

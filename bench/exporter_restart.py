@@ -21,7 +21,6 @@ import datetime
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.canary_economy import Scraper, verdict
+from bench.canary_economy import Scraper, spread, verdict
 from exporter.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.settings.schema import Settings
@@ -157,15 +156,6 @@ def watch_restart(scraper: Scraper, before: dict[str, str | None], started: floa
     return known, as_before
 
 
-def _spread(values: list[float | None]) -> str:
-    found = [v for v in values if v is not None]
-    missed = len(values) - len(found)
-    if not found:
-        return f"{'-':>7} {'-':>7} {'-':>7}  missed {missed}/{len(values)}"
-    text = f"{min(found):>7.1f} {statistics.median(found):>7.1f} {max(found):>7.1f}"
-    return text + (f"  missed {missed}/{len(values)}" if missed else "")
-
-
 def run(repetitions: int, simulated: int, down: float, timeout: float) -> tuple[list[Repetition], list[str]]:
     defaults = Settings(servers=[{"name": "x", "url": "http://127.0.0.1:1"}])
     errors: list[str] = []
@@ -234,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"Seconds from the restarted process's start ({args.down:g}s after the SIGKILL)")
     print(f"{'':<34}{'min':>7} {'median':>7} {'max':>7}")
-    print(f"{'/-/ready answers':<34}{_spread([r.ready for r in results])}")
-    print(f"{'every verdict known':<34}{_spread([r.known for r in results])}")
-    print(f"{'every verdict as before the kill':<34}{_spread([r.as_before for r in results])}")
+    print(f"{'/-/ready answers':<34}{spread([r.ready for r in results])}")
+    print(f"{'every verdict known':<34}{spread([r.known for r in results])}")
+    print(f"{'every verdict as before the kill':<34}{spread([r.as_before for r in results])}")
     for name in (*REAL, "router"):
-        print(f"{'  ' + name + ' known':<34}{_spread([r.per_server.get(name) for r in results])}")
+        print(f"{'  ' + name + ' known':<34}{spread([r.per_server.get(name) for r in results])}")
     if args.simulated:
         sims = [max((v for n, v in r.per_server.items() if n.startswith("sim-")), default=None) for r in results]
-        print(f"{f'  last of {args.simulated} simulated known':<34}{_spread(sims)}")
+        print(f"{f'  last of {args.simulated} simulated known':<34}{spread(sims)}")
     for error in errors:
         print(f"error: {error}")
     print()
