@@ -38,7 +38,8 @@ from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.settings.schema import Settings
 from tests.support.metrics import Samples, find, parse
-from tests.support.router import PREDICTED, PROMPT, Router, answers, counters, until
+from tests.support.router import PREDICTED, PROMPT, Router, answers, counters
+from tests.support.waiting import wait_until
 
 SPECULATION: dict[str, list[str]] = {
     "draft-simple": ["-md", "{model}", "--spec-type", "draft-simple"],
@@ -200,7 +201,7 @@ def specwatch(config: Path, workdir: Path) -> Iterator[str]:
                                     "--listen", f"127.0.0.1:{port}", "--log-format", "json"],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        until(lambda: answers(f"http://127.0.0.1:{port}/-/ready"), 30, "specwatch ready")
+        wait_until("specwatch ready", lambda: answers(f"http://127.0.0.1:{port}/-/ready"), timeout=30, interval=0.2)
         yield f"http://127.0.0.1:{port}/metrics"
     finally:
         process.terminate()

@@ -34,8 +34,9 @@ from exporter.demo.llamaserver import LlamaRouter, LlamaServer, free_port, route
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.settings.schema import Settings
 from tests.support.metrics import Samples
-from tests.support.router import answers, until
+from tests.support.router import answers
 from tests.support.simfleet import FleetOptions, SimFleetProcess
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL: dict[str, list[str]] = {
@@ -183,7 +184,7 @@ def run(repetitions: int, simulated: int, down: float, timeout: float) -> tuple[
                 time.sleep(down)
                 started = exporter.start()
                 try:
-                    until(lambda: answers(f"{exporter.url}/-/ready"), timeout, "specwatch ready", pause=0.05)
+                    wait_until("specwatch ready", lambda: answers(f"{exporter.url}/-/ready"), timeout=timeout)
                     repetition.ready = time.monotonic() - started
                 except TimeoutError as err:
                     errors.append(str(err))
