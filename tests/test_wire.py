@@ -319,8 +319,9 @@ def test_the_wire_model_answers_every_request_specwatch_sends_as_the_real_server
     from exporter.demo.llamaserver import LlamaServer
     from exporter.probe.canary import TABLE
 
+    # A connection per request: what is compared is each answer, not llama-server's keep-alive race.
     with LlamaServer.of_kind(kind, contract_model, extra) as server, \
-            httpx.Client(base_url=server.url, timeout=60) as real, \
+            httpx.Client(base_url=server.url, timeout=60, headers={"Connection": "close"}) as real, \
             httpx.Client(transport=httpx.MockTransport(fake()), base_url="http://fake") as fakes:
         for path in ("/health", "/props", "/v1/models", "/models", "/nothing-here"):
             _same(real.get(path), fakes.get(path), f"GET {path}")
@@ -340,7 +341,7 @@ def test_the_wire_router_answers_as_the_real_router_does(contract_model, tmp_pat
     fake = FakeRouter(models={"plain": FakeLlama.plain(tokens=None), "cold": FakeLlama.plain(tokens=None)},
                       status={"plain": "loaded"})
     with LlamaRouter(preset, models_max=2, log_dir=tmp_path) as router, \
-            httpx.Client(base_url=router.url, timeout=60) as real, \
+            httpx.Client(base_url=router.url, timeout=60, headers={"Connection": "close"}) as real, \
             httpx.Client(transport=httpx.MockTransport(fake), base_url="http://fake") as fakes:
         router.load("plain")
         for path in ("/health", "/props", "/models", "/props?model=plain&autoload=false", "/slots?model=cold&autoload=false"):
