@@ -39,9 +39,17 @@ def plugin_args() -> list[str]:
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    # In-process, the plugin module is already imported: pytest cannot rewrite its asserts (it has none), and says so.
-    return pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                              "-o", "asyncio_default_fixture_loop_scope=function", *args)
+    """Run pytest in this process with the plugin and pytest-asyncio only, loaded by their entry-point names.
+
+    Whatever else the environment has installed would run inside this test's process too: pytest-benchmark, for one,
+    starts `git` when a session begins, which the quick suite refuses. The subprocess tests load every plugin."""
+    named = ["-p", "specwatch"] if entry_points(group="pytest11", name="specwatch") else ["-p", "exporter.pytest_plugin"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+        # In-process, the plugin module is already imported: pytest cannot rewrite its asserts (it has none), and says so.
+        return pytester.runpytest(*named, "-p", "asyncio", "-p", "no:cacheprovider",
+                                  "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                                  "-o", "asyncio_default_fixture_loop_scope=function", *args)
 
 
 def scored(pytester: pytest.Pytester) -> bool:
