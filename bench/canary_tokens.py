@@ -44,6 +44,17 @@ async def first_round(url: str, tokens: int) -> dict[str, tuple[int, int | None]
         return found
 
 
+def _first_error(text: str) -> str:
+    """The server log's first error line, with the warning just before it (llama.cpp logs the cause as a warning)."""
+    lines = text.splitlines()
+    message = lambda line: line.split(maxsplit=2)[-1]  # noqa: E731 - "0.00.349.946 E <message>"
+    for index, line in enumerate(lines):
+        if " E " in line:
+            cause = lines[index - 1] if index and " W " in lines[index - 1] else ""
+            return "; ".join(message(part) for part in (cause, line) if part)[:200]
+    return lines[0][:200] if lines else "no log"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.canary_tokens", description=__doc__)
     parser.add_argument("--tokens", default="2,3,4,6,8,12,16,24,32,48",
@@ -74,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         found = asyncio.run(first_round(server.url, tokens))
                 except LlamaServerError as err:
                     # A kind this model cannot run (draft-mtp on a model without MTP layers exits 1): say why, go on.
-                    why = next((line for line in reversed(str(err).splitlines()) if "error" in line.lower()),
-                               str(err).splitlines()[0])
-                    print(f"{kind:<14}{'-':>7}  the server did not start: {why.strip()[:160]}", flush=True)
+                    print(f"{kind:<14}{'-':>7}  the server did not start: {_first_error(str(err))}", flush=True)
                     break
                 cells = []
                 for endpoint in Endpoint:
