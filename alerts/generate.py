@@ -29,6 +29,11 @@ DEFAULT_AGGREGATE_AWAY = ("instance", "pod")
 LLAMA_SERVER_JOB = "llama-server"
 # Every alert's name starts with it; the dashboards list the firing ones by it.
 ALERT_PREFIX = "Specwatch"
+# The longest absence of an exporter's series the alerts ride through: a restart or a replica rolled (the series go
+# stale, then come back once the new process has polled and canaried, seconds later). The page keeps firing that long
+# (keep_firing_for); the tickets read the exporter's series through last_over_time over it, so their `for:` runs on
+# across the gap instead of starting again, and a firing ticket does not resolve in it.
+RESTART_BRIDGE = "5m"
 
 
 class Recorded:
@@ -173,9 +178,14 @@ def llama_server(c: RulesConfig) -> list[Record]:
     ]
 
 
+def _held(selector: str) -> str:
+    """The series' last sample within RESTART_BRIDGE: what an exporter said before a restart holds until it speaks again."""
+    return f"last_over_time({selector}[{RESTART_BRIDGE}])"
+
+
 # Router models the router has not loaded are never probed, so no alert about probing them fires.
 def _loaded(c: RulesConfig) -> str:
-    return f"unless on (job, server, model) max {c.without()} (specwatch_model_loaded) == 0"
+    return f"unless on (job, server, model) max {c.without()} ({_held('specwatch_model_loaded')}) == 0"
 
 
 _MODEL = "{{ with $labels.model }} (model {{ . }}){{ end }}"
@@ -190,12 +200,14 @@ _ENDPOINTS = (
 
 def alerts(c: RulesConfig) -> list[Alert]:
     up = f"up{{{c.job_selector}}}"
+    unchecked = _held('specwatch_verdict{verdict="unchecked"}')
     return [
         Alert(
             "SpecwatchServingFillInLogprobs",
             "The verdict rests on a canary's answer, proof rather than a noisy sample, so it pages at once (no `for:`) and "
-            "on any replica's proof. keep_firing_for bridges missed scrapes, exporter restarts and canaries that draft only "
-            "sometimes (n-gram speculation), so one incident is one page, not a string of fire/resolve pairs.",
+            "on any replica's proof. keep_firing_for bridges missed scrapes, exporter restarts (the series vanish, then "
+            "read `unchecked` until the new process has canaried) and canaries that draft only sometimes (n-gram "
+            "speculation), so one incident is one page, not a string of fire/resolve pairs.",
             f'max {c.without("verdict")} (specwatch_verdict{{verdict="fill_ins"}}) == 1',
             "critical",
             "llama-server {{ $labels.server }} serves fill-in logprobs",
@@ -203,14 +215,15 @@ def alerts(c: RulesConfig) -> list[Alert]:
             f"logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding.{_ENDPOINTS} Every eval "
             "reading logprobs from this server now scores placeholders. Stop scoring against it, restart it without "
             "speculative decoding (drop -md/--model-draft and --spec-type), and re-run the evals it served.",
-            keep_firing_for="5m",
+            keep_firing_for=RESTART_BRIDGE,
         ),
         Alert(
             "SpecwatchFleetUnwatched",
             "The guard of the page above: servers in specwatch's config (static and discovered) that no replica watches, "
             "because replicas are down or missing, or no specwatch target is up at all. Fill-ins there would never page, "
             "so this pages too. One replica down while its twin watches the same shard is only a ticket "
-            "(SpecwatchExporterDown).",
+            "(SpecwatchExporterDown). It reads the series as they are, never held over a gap: the gap is what it "
+            "pages for, and a restart shorter than its `for:` pages nobody.",
             "(\n"
             "  max by (job) (specwatch_configured_servers)\n"
             "    - on (job)\n"
@@ -231,8 +244,12 @@ def alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "SpecwatchLogprobsUnproven",
             "The server speculates and no canary drafted: its logprobs are not proven real. A ticket: an eval harness "
-            "running `specwatch check` refuses it already; n-gram speculation may start drafting later.",
-            f'min {c.without("verdict")} (specwatch_verdict{{verdict="unproven"}}) == 1',
+            "running `specwatch check` refuses it already; n-gram speculation may start drafting later. max_over_time, "
+            "not last_over_time: after a restart the verdict reads `unchecked` until the canaries have run again, and "
+            "that must not start the 15 minutes afresh either; a replica that knows better now (clean, or fill-ins, "
+            "which page) ends it at once.",
+            f'min {c.without("verdict")} (max_over_time(specwatch_verdict{{verdict="unproven"}}[{RESTART_BRIDGE}])) == 1\n'
+            f'unless on (job, server, model) max {c.without("verdict")} (specwatch_verdict{{verdict=~"clean|fill_ins"}}) == 1',
             "warning",
             "llama-server {{ $labels.server }} speculates but its logprobs are not proven real",
             f"{{{{ $labels.server }}}}{_MODEL} reports speculative decoding on, but no canary made it draft, so specwatch "
@@ -245,7 +262,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
             'The catch-all of "could not check": whatever keeps the verdict unknown (no canary has ever run, an endpoint '
             "never answered) files a ticket, so specwatch never silently stops watching a server. The more specific "
             "tickets (ServerDown, CanaryStale, CanaryFailing) inhibit it in examples/alertmanager.yml.",
-            f'min {c.without("verdict")} (specwatch_verdict{{verdict="unchecked"}}) == 1\n{_loaded(c)}',
+            f"min {c.without('verdict')} ({unchecked}) == 1\n{_loaded(c)}",
             "warning",
             "specwatch cannot reach a verdict on {{ $labels.server }}",
             f"specwatch has had no verdict on the logprobs of {{{{ $labels.server }}}}{_MODEL} for 15 minutes: the server is "
@@ -256,7 +273,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "SpecwatchSpeculationContradiction",
             "A config audit problem, not an incident: it only needs to be stable before it files a ticket.",
-            f"max {c.without()} (specwatch_speculation_contradiction) == 1",
+            f"max {c.without()} ({_held('specwatch_speculation_contradiction')}) == 1",
             "warning",
             "llama-server {{ $labels.server }} speculates while /props says it does not",
             f"/slots on {{{{ $labels.server }}}}{_MODEL} reports speculative decoding on, while /props reports "
@@ -269,7 +286,11 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "Two and a half canary intervals with no successful canary on any endpoint (one endpoint is canaried in turn "
             "every interval, every two on a server given the larger speculating canary), then 2m more, so that a server "
             "that went down pages SpecwatchServerDown (for: 2m) first and the inhibition in examples/alertmanager.yml "
-            "keeps one ticket for the cause. The exporter exposes its configured interval, so the rule follows the config.",
+            "keeps one ticket for the cause. The exporter exposes its configured interval, so the rule follows the config. "
+            "A restarted exporter knows no past canary, so it has no timestamp to age until one succeeds: "
+            "keep_firing_for, not last_over_time (which would age a removed server's last timestamp into a ticket), "
+            "keeps a firing ticket through the restart; if the canaries still fail, SpecwatchCanaryFailing and "
+            "SpecwatchVerdictUnchecked, whose timers run on, say so.",
             "(\n"
             f"  time() - max {c.without('endpoint')} (specwatch_canary_last_success_timestamp_seconds)\n"
             "    > on (job) group_left () (2.5 * max by (job) (specwatch_canary_interval_seconds))\n"
@@ -281,12 +302,13 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "ago, on every endpoint. specwatch is blind to fill-in logprobs on this server: its verdict is stale. Look at "
             "specwatch_canary_failures_total for the reason.",
             for_="2m",
+            keep_firing_for=RESTART_BRIDGE,
         ),
         Alert(
             "SpecwatchCanaryFailing",
             "An endpoint whose last canary failed is retried every canary_interval, so five minutes is a run of failed "
             "canaries on every replica; a single success resets it.",
-            f"max {c.without()} (specwatch_canary_success) == 0\n{_loaded(c)}",
+            f"max {c.without()} ({_held('specwatch_canary_success')}) == 0\n{_loaded(c)}",
             "warning",
             "Canary on {{ $labels.server }} endpoint {{ $labels.endpoint }} keeps failing",
             "specwatch's canary request to the {{ $labels.endpoint }} endpoint of "
@@ -298,7 +320,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "SpecwatchServerDown",
             "Down on every replica that watches it: one replica's network trouble is not the server's.",
-            f"max {c.without()} (specwatch_up) == 0",
+            f"max {c.without()} ({_held('specwatch_up')}) == 0",
             "warning",
             "llama-server {{ $labels.server }} is down or unreadable",
             "specwatch has not got valid answers from /health, /props and /slots of {{ $labels.server }} for 2 minutes. "
@@ -309,7 +331,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "SpecwatchConfigReloadFailed",
             "The previous config keeps running, so there is time to fix a typo before a ticket is filed.",
-            "specwatch_config_last_reload_successful == 0",
+            f"{_held('specwatch_config_last_reload_successful')} == 0",
             "warning",
             "specwatch {{ $labels.instance }} rejected its new configuration",
             "The last configuration reload of specwatch at {{ $labels.instance }} failed and the previous configuration is "
@@ -320,7 +342,8 @@ def alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "SpecwatchExporterDown",
             "One replica down is a ticket: its twin watches the same shard. When no replica watches some servers, "
-            "SpecwatchFleetUnwatched pages.",
+            "SpecwatchFleetUnwatched pages. Prometheus' own `up`: a restart ends it, and one shorter than its `for:` "
+            "files nothing.",
             f"{up} == 0",
             "warning",
             "specwatch exporter {{ $labels.instance }} is down",
@@ -332,7 +355,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "SpecwatchNoServers",
             "A config or discovery source that yields no server watches nothing, silently.",
-            "max by (job) (specwatch_configured_servers) == 0",
+            f"max by (job) ({_held('specwatch_configured_servers')}) == 0",
             "warning",
             "specwatch ({{ $labels.job }}) has no server to watch",
             "Every specwatch replica of job {{ $labels.job }} reports an empty fleet: its discovery sources yield no "
@@ -344,7 +367,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "SpecwatchDiscoveryFailing",
             "A refused target file or a failing http_sd endpoint keeps its last good targets, so nothing is unwatched yet; "
             "but servers added or removed since are not followed. A ticket, after a while to fix a typo.",
-            "specwatch_discovery_refresh_successful == 0",
+            f"{_held('specwatch_discovery_refresh_successful')} == 0",
             "warning",
             "specwatch {{ $labels.instance }} cannot refresh discovery source {{ $labels.source }}",
             "The last refresh of {{ $labels.source }} on specwatch {{ $labels.instance }} was refused: a target file that "
@@ -444,6 +467,12 @@ def header(c: RulesConfig) -> list[str]:
                  "it. If your replicas differ in other target labels, name them all with --aggregate-away.", 0),
         *comment("Router models: a model the router has not loaded is never probed (probing would load it); its verdict is "
                  "`unchecked` and no alert fires for it: rules drop models whose specwatch_model_loaded is 0.", 0),
+        *comment("Restarts: the series of an exporter that restarts (or of a replica rolled) go stale until it is back, "
+                 f"then read `unchecked` until its first canaries, seconds later. The page keeps firing through that "
+                 f"({RESTART_BRIDGE}, keep_firing_for); the tickets read the exporter's series through last_over_time over "
+                 f"{RESTART_BRIDGE}, so their `for:` runs on across the gap and a firing ticket does not resolve in it (a "
+                 "server removed from the config keeps its tickets that long too). SpecwatchFleetUnwatched and "
+                 "SpecwatchExporterDown read the gap itself.", 0),
     ]
 
 

@@ -38,7 +38,8 @@ from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.settings.schema import Settings
 from tests.support.metrics import Samples, find, parse
-from tests.support.router import PREDICTED, PROMPT, Router, answers, counters, until
+from tests.support.router import PREDICTED, PROMPT, Router, answers, counters
+from tests.support.waiting import wait_until
 
 SPECULATION: dict[str, list[str]] = {
     "draft-simple": ["-md", "{model}", "--spec-type", "draft-simple"],
@@ -200,14 +201,15 @@ def specwatch(config: Path, workdir: Path) -> Iterator[str]:
                                     "--listen", f"127.0.0.1:{port}", "--log-format", "json"],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        until(lambda: answers(f"http://127.0.0.1:{port}/-/ready"), 30, "specwatch ready")
+        wait_until("specwatch ready", lambda: answers(f"http://127.0.0.1:{port}/-/ready"), timeout=30, interval=0.2)
         yield f"http://127.0.0.1:{port}/metrics"
     finally:
         process.terminate()
         process.wait(10)
 
 
-def _spread(values: list[float | None]) -> str:
+def spread(values: list[float | None]) -> str:
+    """min, median and max of the values measured, and how many were missed."""
     found = [v for v in values if v is not None]
     missed = len(values) - len(found)
     if not found:
@@ -297,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
           "specwatch_verdict fill_ins")
     print(f"{'case':<42}{'min':>7} {'median':>7} {'max':>7}")
     for case in cases:
-        print(f"{case.name:<42}{_spread(case.caught)}")
-        print(f"{'  back to plain, until clean':<42}{_spread(case.cleared)}")
+        print(f"{case.name:<42}{spread(case.caught)}")
+        print(f"{'  back to plain, until clean':<42}{spread(case.cleared)}")
     for error in errors:
         print(f"error: {error}")
     print()

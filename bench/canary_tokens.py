@@ -12,7 +12,8 @@ from exporter.demo.llamaserver import LlamaServer, LlamaServerError
 from exporter.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
 from exporter.probe import probes
 from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure
 from exporter.settings.schema import ServerConfig
 

@@ -1,3 +1,3 @@
 """specwatch: catch llama-server fleets that serve fill-in logprobs under speculative decoding."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -11,7 +11,8 @@ from urllib.parse import urlencode
 
 import httpx
 
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure
 from exporter.verdict import NOTHING_LOADED, SEVERITY, Decision, Verdict, worst
 

@@ -11,7 +11,8 @@ import httpx
 from exporter import oneserver
 from exporter.probe import probes
 from exporter.probe.canary import TABLE, Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure, Reason
 from exporter.report import EndpointReport, ModelReport, model_report
 from exporter.runner import Runner, measure

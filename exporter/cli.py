@@ -99,21 +99,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _duration(text: str) -> float:
+def duration_argument(text: str) -> float:
     try:
         return parse_timeout(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _label(text: str) -> tuple[str, str]:
+def label_argument(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} must look like KEY=VALUE, e.g. pool=eval")
     return key.strip(), value
 
 
-def _tokens(text: str) -> int:
+def tokens_argument(text: str) -> int:
     if not text.strip().isdigit() or not 4 <= int(text) <= 512:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 4 to 512")
     return int(text)
@@ -185,10 +185,10 @@ def _parser() -> argparse.ArgumentParser:
         "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
         help="endpoint to check (repeatable; default: all)",
     )
-    check.add_argument("--tokens", type=_tokens, default=DEFAULT_TOKENS,
+    check.add_argument("--tokens", type=tokens_argument, default=DEFAULT_TOKENS,
                        help=f"tokens per canary, 4 to 512 (default {DEFAULT_TOKENS})")
     check.add_argument(
-        "--timeout", type=_duration, default=60.0, metavar="DURATION",
+        "--timeout", type=duration_argument, default=60.0, metavar="DURATION",
         help="per request, e.g. 30s, 2m, 1m30s or a number of seconds (default 60s)",
     )
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
@@ -198,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a specwatch daemon's URL, e.g. http://specwatch:9824 (repeatable: shards and replicas)")
     ask.add_argument("--server", action="append", metavar="NAME", dest="servers", default=[],
                      help="a server the eval reads from, by its configured name (repeatable: any of them)")
-    ask.add_argument("--label", action="append", metavar="KEY=VALUE", dest="labels", type=_label, default=[],
+    ask.add_argument("--label", action="append", metavar="KEY=VALUE", dest="labels", type=label_argument, default=[],
                      help="select servers by label, static or discovered (repeatable: all must match)")
     ask.add_argument("--exporter-username", metavar="USER", help="basic auth user of the exporter's --web-config")
     ask.add_argument("--exporter-password-file", type=Path, metavar="FILE", help="file holding that user's password")
@@ -396,7 +396,7 @@ def _checked(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from exporter.audit import run_audit
+    from exporter.saved import run_audit
 
     return run_audit(args.files, as_json=args.json, stdin=sys.stdin.buffer, out=sys.stdout)
 

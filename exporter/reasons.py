@@ -6,6 +6,8 @@ from enum import StrEnum
 class Reason(StrEnum):
     CONNECTION_REFUSED = "connection_refused"
     CONNECTION_RESET = "connection_reset"
+    UNREACHABLE = "unreachable"
+    """No route to the server: its host or network is unreachable (a link or a route down), said by the network."""
     DNS = "dns"
     TLS = "tls"
     TIMEOUT = "timeout"

@@ -67,3 +67,16 @@ def restored_logging():
 def fixed_llama_binary(pytestconfig) -> pathlib.Path:
     """The llama-server patched to fill real probabilities on the speculative path when its env has FILL_PROBS_ON."""
     return llamabuild.session_binary(pytestconfig)
+
+
+@pytest.fixture(autouse=True)
+def _a_process_makes_a_test_real(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick suite (-m "not real and not slow") starts no process: a test that does is marked `real`."""
+    if request.node.get_closest_marker("real") is not None:
+        return
+    import subprocess
+
+    def refuse(self: subprocess.Popen, args: object, *rest: object, **kw: object) -> None:
+        raise AssertionError(f"this test starts a process ({args!r}): mark it @pytest.mark.real")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -200,3 +200,132 @@ def test_a_label_without_a_value_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as caught:
         main(["check", "--exporter", "http://b:2", "--label", "pool"])
     assert caught.value.code == 64 and "must look like KEY=VALUE" in capsys.readouterr().err
+
+
+# ---- a real daemon watching real servers -------------------------------------------------------------------------
+
+
+class DaemonThread:
+    """`specwatch run`'s Daemon on an event loop of its own thread, so a test can stall that loop as a stuck daemon."""
+
+    def __init__(self, config: Path, web_config: Path | None = None) -> None:
+        import asyncio
+        import threading
+
+        from exporter.daemon.run import Daemon
+        from exporter.daemon.websecurity import load_web_config
+        from exporter.settings.loading import load_settings
+        from tests.support.net import free_port
+
+        self.daemon = Daemon(config, load_settings(config))
+        security = load_web_config(web_config) if web_config else None
+        self.web = self.daemon.web_app(security.authorise if security else None)
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_until_complete,
+                                       args=(self.daemon.run("127.0.0.1", self.port, web=self.web),), daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> DaemonThread:
+        self.thread.start()
+        return self
+
+    def stall(self, seconds: float) -> None:
+        """Block the daemon's event loop (its web thread still answers), as a daemon stuck on something would."""
+        import time
+
+        self.loop.call_soon_threadsafe(time.sleep, seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.daemon.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def real_fleet(tmp_path_factory: pytest.TempPathFactory):
+    import bcrypt
+    import yaml
+
+    from exporter.demo.llamaserver import LlamaRouter, LlamaServer, router_preset
+    from exporter.demo.tinymodel import write_cycle_model
+
+    work = tmp_path_factory.mktemp("ask")
+    model = write_cycle_model(work / "cycle.gguf")
+    preset = router_preset(work / "preset.ini", {
+        "plain": ["--model", str(model)],
+        "draft": ["--model", str(model), "--model-draft", str(model), "--spec-type", "draft-simple"],
+    })
+    with LlamaServer.of_kind("plain", model) as a, LlamaServer.of_kind("draft", model) as b, \
+            LlamaServer.of_kind("plain", model) as c, LlamaRouter(preset, models_max=2, log_dir=work) as router:
+        router.load("plain")
+        router.load("draft")
+        config = work / "specwatch.yml"
+        config.write_text(yaml.safe_dump({
+            "servers": [{"name": "eval-a", "url": a.url, "labels": {"pool": "eval"}},
+                        {"name": "eval-b", "url": b.url, "labels": {"pool": "eval"}},
+                        {"name": "serve-c", "url": c.url, "labels": {"pool": "serve"}},
+                        {"name": "router", "url": router.url, "labels": {"pool": "routers"}}],
+            "poll_interval": "1s", "poll_timeout": "900ms", "canary_interval": "2s"}))
+        web = work / "web.yml"
+        web.write_text(f"basic_auth_users:\n  gate: {bcrypt.hashpw(b'gate-secret', bcrypt.gensalt(4)).decode()}\n")
+        password = work / "password"
+        password.write_text("gate-secret\n")
+        with DaemonThread(config, web) as daemon:
+            auth = ["--exporter-username", "gate", "--exporter-password-file", str(password)]
+
+            def everything_known() -> bool:
+                _, report = _cli(daemon.url, *auth)
+                return all(m["verdict"] != "unchecked" for m in report["models"]) and len(report["models"]) == 5
+
+            from tests.support.waiting import wait_until
+
+            wait_until("every verdict", everything_known, timeout=90)
+            yield daemon, auth
+
+
+def _cli(exporter: str, *args: str) -> tuple[int, dict]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "exporter", "check", "--exporter", exporter, "--json", *args],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(("selection", "code", "verdict"), [
+    (["--label", "pool=eval"], 1, "fill_ins"),
+    (["--label", "pool=serve"], 0, "clean"),
+    (["--server", "eval-a"], 0, "clean"),
+    (["--server", "eval-a", "--server", "serve-c"], 0, "clean"),
+    (["--label", "pool=routers"], 1, "fill_ins"),
+    (["--label", "pool=routers", "--model", "plain"], 0, "clean"),
+    (["--server", "router", "--model", "draft"], 1, "fill_ins"),
+    (["--label", "pool=nope"], 2, "unchecked"),
+])
+def test_check_exporter_on_a_real_daemon(real_fleet, selection: list[str], code: int, verdict: str) -> None:
+    daemon, auth = real_fleet
+    found, report = _cli(daemon.url, *auth, *selection)
+    assert (found, report["verdict"]) == (code, verdict), report["summary"]
+
+
+@pytest.mark.real
+def test_check_exporter_needs_the_credentials(real_fleet) -> None:
+    daemon, _ = real_fleet
+    code, report = _cli(daemon.url, "--label", "pool=serve")
+    assert code == 2 and "refused the credentials" in report["summary"]
+
+
+@pytest.mark.real
+def test_a_stuck_daemons_clean_is_stale(real_fleet) -> None:
+    import time
+
+    daemon, auth = real_fleet
+    assert _cli(daemon.url, *auth, "--label", "pool=serve")[0] == 0
+    daemon.stall(6)
+    time.sleep(4)  # more than 3 poll intervals without a poll
+    code, report = _cli(daemon.url, *auth, "--label", "pool=serve")
+    assert (code, report["verdict"]) == (2, "unchecked") and "stale" in report["summary"], report["summary"]

@@ -18,22 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.audit import (
-    AnswerTally,
-    CannotJudge,
-    FillInLogprobs,
-    NotAnAnswer,
-    Status,
-    audit_file,
-    read_answers,
-    require_real,
-    run_audit,
-    tally,
-)
+from exporter.audit import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
 from exporter.cli import main
 from exporter.probe import probes
-from exporter.probe.canary import TABLE, Endpoint, classify, shape_of
+from exporter.probe.canary import TABLE, Endpoint, classify
 from exporter.probe.fetch import Fetcher
+from exporter.probe.shapes import shape_of
+from exporter.saved import audit_file, read_answers, run_audit
 from exporter.settings.schema import ServerConfig
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated
@@ -157,6 +148,7 @@ def test_a_draft_server_s_answers_have_fill_ins_and_exit_1(endpoint: Endpoint, t
     assert result.stdout.splitlines()[-1].startswith("FILL_INS: 1 of 2 answers in 1 file carries fill-in logprobs")
 
 
+@pytest.mark.real
 def test_fill_ins_win_over_what_cannot_be_judged_and_over_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "draft.json").write_bytes(saved(FakeLlama.draft(tokens=16), Endpoint.CHAT))
     (tmp_path / "bad.jsonl").write_bytes(b'{"status": "ok"}\n')
@@ -192,6 +184,7 @@ def test_an_unknown_object_among_answers_is_blamed_on_its_line(tmp_path: Path) -
         "not an answer of /completion, /v1/completions or /v1/chat/completions: an object with keys id, kind, score")}]
 
 
+@pytest.mark.real
 def test_an_unreadable_file_exits_2(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "exporter", "audit", str(tmp_path)], capture_output=True, text=True,
                             timeout=60, cwd=ROOT)
@@ -203,6 +196,7 @@ def test_a_gzipped_file_says_to_decompress_it(tmp_path: Path) -> None:
     assert result.returncode == 2 and "is gzip-compressed: decompress it first (zcat FILE | specwatch audit -)" in result.stdout
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("args", [(), ("--bogus", "x")])
 def test_usage_errors_exit_64(args: tuple[str, ...]) -> None:
     result = subprocess.run([sys.executable, "-m", "exporter", "audit", *args], capture_output=True, text=True, timeout=60,
@@ -218,6 +212,7 @@ def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> No
     assert "2  could not judge" in out and "64 command-line usage error" in out
 
 
+@pytest.mark.real
 def test_standard_input(tmp_path: Path) -> None:
     content = saved(FakeLlama.draft(tokens=16), Endpoint.CHAT_STREAM)
     result = subprocess.run([sys.executable, "-m", "exporter", "audit", "-"], input=content, capture_output=True, timeout=60,
@@ -470,6 +465,7 @@ def test_what_is_not_an_answer_raises_not_an_answer(answer: Any, message: str) -
         assert isinstance(caught.value, CannotJudge | ValueError)
 
 
+@pytest.mark.real
 def test_the_api_reads_nothing_of_the_daemon() -> None:
     script = ("import sys, exporter.audit\n"
               "print(sorted(m for m in sys.modules if m.startswith(('exporter.daemon', 'prometheus_client', 'apscheduler', "
@@ -495,6 +491,7 @@ def test_run_audit_in_process(tmp_path: Path) -> None:
     assert "<stdin>: 1 answer: 0 clean, 1 with fill-ins" in out.getvalue()
 
 
+@pytest.mark.real
 @pytest.mark.slow
 def test_memory_stays_flat_on_a_1_gib_jsonl(tmp_path: Path) -> None:
     """Every shape, streams and SDK dumps included, repeated to 1 GiB: the audit's peak RSS is what it is on 1 MiB."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from dataclasses import replace
 
 from exporter.daemon.cadence import MAX_STRETCH, due, spacing
@@ -99,6 +102,29 @@ def _hour_of_ticks(model: ModelState, *, poll: float = 15.0, **tokens: int) -> l
             model = _after_round(model, now, found.endpoints, full=False)
         now += poll
     return started
+
+
+def test_canaries_keep_their_interval_when_polls_take_a_few_milliseconds_more_or_less() -> None:
+    """Found by the network-fault test (polls every 1 s, canaries every 2 s): a round begun after a 5 ms poll was not due
+    after a 4 ms one, so canaries came 3 s apart about half the time. Time since a round is counted in polls."""
+    jitter = random.Random(7)
+    for interval, poll in ((2.0, 1.0), (INTERVAL, 15.0), (50.0, 15.0)):
+        counted, exact = [], []
+        for poll_interval in (poll, 0.0):
+            model = _after_round(_polled(), 0.0 + jitter.uniform(0.002, 0.03))
+            started = []
+            for tick in range(1, int(3600 / poll) + 1):
+                now = tick * poll + jitter.uniform(0.002, 0.03)  # each poll's answer takes a few ms
+                found = due(model, now, interval=interval, poll_interval=poll_interval)
+                if found is not None:
+                    started.append(now)
+                    model = _after_round(model, now, found.endpoints, full=False)
+            (counted if poll_interval else exact).extend(b - a for a, b in itertools.pairwise(started))
+        # Never sooner than the interval allows, never a poll later than the first poll at or after it.
+        wanted = math.ceil(interval / poll) * poll
+        assert min(counted) > wanted - poll / 2 and max(counted) < wanted + poll / 2, (interval, poll)
+        if interval % poll == 0:
+            assert max(exact) > wanted + poll / 2, (interval, poll)  # what it did before: a poll late, now and then
 
 
 def test_a_larger_canary_comes_less_often_so_a_speculating_server_costs_at_most_twice_a_plain_one() -> None:

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from exporter.probe.canary import TABLE, Endpoint, Reading, Token, classify
+from exporter.probe.answers import Reading, Token
+from exporter.probe.canary import TABLE, Endpoint, classify
 from exporter.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 

@@ -254,3 +254,58 @@ async def test_each_failed_endpoint_carries_its_closed_set_reason() -> None:
                              tokens=8, timeout=5, connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(failing)))
     entries = {e["endpoint"]: e for e in report.as_json()["endpoints"]}
     assert (entries["chat"]["reason"], entries["completion"]["reason"]) == ("loading", None)
+
+
+# ---- real servers behind a balancer and a gateway ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_pair(tmp_path_factory: pytest.TempPathFactory):
+    """A real plain and a real draft-simple llama-server on the tiny cycle model."""
+    from exporter.demo.llamaserver import LlamaServer
+    from exporter.demo.tinymodel import write_cycle_model
+
+    model = write_cycle_model(tmp_path_factory.mktemp("pair") / "cycle.gguf")
+    with LlamaServer.of_kind("plain", model) as plain, LlamaServer.of_kind("draft", model) as draft:
+        yield plain, draft
+
+
+def _cli_check(url: str, *args: str) -> tuple[int, dict]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "exporter", "check", url, "--json", *args], capture_output=True, text=True,
+                          timeout=300)
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("per", ["request", "connection"])
+def test_check_through_a_round_robin_balancer_is_never_clean_in_ten_runs(real_pair, per: str) -> None:
+    from tests.support.proxy import Proxy
+
+    plain, draft = real_pair
+    with Proxy([plain.url, draft.url], per=per) as proxy:
+        outcomes = [_cli_check(proxy.url, "--tokens", "16") for _ in range(10)]
+    verdicts = [report["verdict"] for _, report in outcomes]
+    assert "clean" not in verdicts, verdicts
+    assert all(code != 0 for code, _ in outcomes)
+    # Mostly the signs say why: the replicas' /props differ (each process has its own media_marker).
+    assert sum(bool(report["signs"]) for _, report in outcomes) >= 8, [r["signs"] for _, r in outcomes]
+
+
+@pytest.mark.real
+def test_check_through_an_openai_only_gateway(real_pair) -> None:
+    from tests.support.proxy import Proxy
+
+    plain, draft = real_pair
+    with Proxy([draft.url], v1_only=True) as gateway:
+        code, report = _cli_check(gateway.url)
+    assert (code, report["verdict"], report["gateway"]) == (1, "fill_ins", True)
+    assert report["unreachable"] == ["/props", "/slots"]
+    assert {e["endpoint"] for e in report["endpoints"]} == {"v1_completion", "v1_completion_stream", "chat", "chat_stream"}
+    with Proxy([plain.url], v1_only=True) as gateway:
+        code, report = _cli_check(gateway.url)
+    assert (code, report["verdict"]) == (0, "clean"), report["summary"]
+    assert "forwards only /v1/*" in report["summary"]

@@ -40,6 +40,7 @@ def test_check_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> 
     assert "64 command-line usage error" in out
 
 
+@pytest.mark.real
 def test_check_config_prints_servers_without_keys(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-never-print-me")
@@ -52,6 +53,7 @@ def test_check_config_prints_servers_without_keys(tmp_path: Path) -> None:
     assert "sk-never-print-me" not in result.stdout + result.stderr
 
 
+@pytest.mark.real
 def test_check_config_refuses_a_bad_config_listing_every_problem(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
     config.write_text("servers:\n  - {name: a, url: 'gopher://h'}\n  - {name: a, url: 'http://h'}\nfoo: 1\n")
@@ -60,27 +62,32 @@ def test_check_config_refuses_a_bad_config_listing_every_problem(tmp_path: Path)
     assert "(3 problems)" in result.stderr and "gopher://h" in result.stderr and "foo: unknown key" in result.stderr
 
 
+@pytest.mark.real
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     result = _run("run", "--config", str(tmp_path / "nope.yml"), "--check-config")
     assert result.returncode == 2 and "cannot read: No such file or directory" in result.stderr
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("listen", ["nonsense", ":99999", "host:port"])
 def test_bad_listen_address(listen: str) -> None:
     result = _run("run", "--listen", listen, "--check-config")
     assert result.returncode == 64 and "listen address" in result.stderr
 
 
+@pytest.mark.real
 def test_bad_shard() -> None:
     result = _run("run", "--shard", "5/2", "--check-config")
     assert result.returncode == 64 and "need 0 <= INDEX < COUNT" in result.stderr
 
 
+@pytest.mark.real
 def test_check_rejects_a_bad_url() -> None:
     result = _run("check", "ftp://x")
     assert result.returncode == 64 and "is not an http:// or https:// URL" in result.stderr
 
 
+@pytest.mark.real
 def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
     config.write_text("servers:\n" + "".join(f"  - {{name: s{i}, url: 'http://h:{1000 + i}'}}\n" for i in range(5000)))
@@ -92,6 +99,7 @@ def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
 
 
+@pytest.mark.real
 def test_config_file_from_the_environment(tmp_path: Path) -> None:
     import os
 
@@ -101,6 +109,7 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
     assert result.returncode == 0 and "  from-env: http://h:1 (no api key)" in result.stdout
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("args", [
     ("run", "--bogus"), ("check",), ("check", "http://h:1", "--endpoint", "telepathy"), ("demo", "--bogus"), ("nonsense",),
     ("check", "http://h:1", "--timeout", "soon"), ("check", "http://h:1", "--timeout", "10ms"), ("check", "http://h:1", "--tokens", "2"),
@@ -112,6 +121,7 @@ def test_usage_errors_exit_64_never_2(args: tuple[str, ...]) -> None:
     assert "error:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.real
 @pytest.mark.parametrize(("args", "message"), [
     (("check", "127.0.0.1:8080"), "'127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
     (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
@@ -125,6 +135,7 @@ def test_check_refuses_bad_input_as_a_usage_error(args: tuple[str, ...], message
     assert result.returncode == 64 and message in result.stderr, result.stderr
 
 
+@pytest.mark.real
 def test_check_timeout_takes_a_duration() -> None:
     from tests.support.net import refused_url
 
@@ -144,6 +155,7 @@ def test_main_help_documents_the_usage_exit_code(capsys: pytest.CaptureFixture[s
     assert "/-/healthy and /-/ready" in out
 
 
+@pytest.mark.real
 def test_a_config_from_a_pipe_is_read_once_and_the_environment_wins(tmp_path: Path) -> None:
     env = {**os.environ, "SPECWATCH_POLL_INTERVAL": "30s"}
     env.pop("SPECWATCH_CONFIG_FILE", None)
@@ -158,6 +170,7 @@ def test_a_config_from_a_pipe_is_read_once_and_the_environment_wins(tmp_path: Pa
     ]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("text", ["", "servers: []\n", "poll_interval: 30s\n"])
 def test_a_config_without_servers_does_not_start(tmp_path: Path, text: str) -> None:
     config = tmp_path / "c.yml"
@@ -167,6 +180,7 @@ def test_a_config_without_servers_does_not_start(tmp_path: Path, text: str) -> N
     assert result.stderr.startswith(f"specwatch: invalid config file {str(config)!r} (1 problem):\n  - lists no servers: ")
 
 
+@pytest.mark.real
 def test_no_config_at_all_watches_the_default_target_and_says_so() -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SPECWATCH_")}
     result = _run("run", "--check-config", env=env)
@@ -176,6 +190,7 @@ def test_no_config_at_all_watches_the_default_target_and_says_so() -> None:
            "http://127.0.0.1:8080 only" in result.stderr
 
 
+@pytest.mark.real
 def test_an_environment_override_is_blamed_not_the_file(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
     config.write_text("servers:\n  - {name: a, url: 'http://h:1'}\n")
@@ -184,6 +199,7 @@ def test_an_environment_override_is_blamed_not_the_file(tmp_path: Path) -> None:
     assert "poll_interval (from environment variable SPECWATCH_POLL_INTERVAL): 'banana' is not a duration" in result.stderr
 
 
+@pytest.mark.real
 def test_a_misspelled_variable_is_warned_about_never_fatal(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
     config.write_text("servers:\n  - {name: a, url: 'http://h:1'}\n")

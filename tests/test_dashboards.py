@@ -35,11 +35,13 @@ def generate(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+@pytest.mark.real
 def test_committed_json_is_what_the_code_generates() -> None:
     result = generate("--check")
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.real
 def test_the_check_notices_a_hand_edit(tmp_path) -> None:
     for name in EXPECTED:
         shutil.copy(DASHBOARDS / name, tmp_path / name)
@@ -124,6 +126,7 @@ def test_the_grafana_check_sees_a_newer_feature() -> None:
     assert grafana_features(board) - set(GRAFANA_SINCE) == {"schemaVersion 39", "panel xychart"}
 
 
+@pytest.mark.real
 def test_every_query_is_valid_promql(tmp_path) -> None:
     """promtool parses each query as a recording rule, so a typo fails here without a running Prometheus."""
     queries = dashboard_queries()
@@ -137,6 +140,7 @@ def test_every_query_is_valid_promql(tmp_path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.real
 def test_a_broken_query_would_be_caught(tmp_path) -> None:
     path = tmp_path / "broken.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [

@@ -19,7 +19,8 @@ from tests.support.faults import Redirect, Respond
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
 from tests.support.net import refused_url
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama, FakeRouter
 
 SOURCE = FileSDConfig(files=["unused"])
@@ -36,6 +37,10 @@ BAD_GROUPS = [
      "[0] target 'a:1': labels: label name(s) ['endpoint'] are reserved by specwatch"),
     ([{"targets": ["a:1"]}, {"targets": ["a:1"]}], "[1] target 'a:1': the name 'a:1' is already used in this source"),
     ([{"targets": ["a:99999"]}], "[0] target 'a:99999': url: 'http://a': Port out of range 0-65535"),
+    ([{"targets": ["not a target"]}], "[0].targets: a target is HOST:PORT, with no spaces"),
+    ([{"targets": ["http://a:1"]}],
+     "[0].targets: 'http':// in a target: a target is HOST:PORT, as in Prometheus; set the source's scheme: https for TLS"),
+    ([{"targets": ["a$b:1"]}], "[0] target 'a$b:1': url: 'http://a$b': 'a$b' is not a host name or address"),
 ]
 
 
@@ -187,6 +192,7 @@ def fleet():
         yield {"a": a, "b": b}
 
 
+@pytest.mark.real
 def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Path, fleet) -> None:
     targets = tmp_path / "targets"
     targets.mkdir()
@@ -200,19 +206,16 @@ def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Pat
     with ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
         metrics = f"{exporter.url()}/metrics"
-        wait_for(lambda: value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1, 20, "a clean",
-                 alive=exporter.process)
+        wait_until("a clean", lambda: value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1, timeout=20, alive=exporter.process)
 
         (targets / "b.json").write_text(json.dumps([{"targets": [address(fleet["b"])], "labels": {"server": "b"}}]))
-        wait_for(lambda: value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1, 20,
-                 "b added and caught", alive=exporter.process)
+        wait_until("b added and caught", lambda: value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1, timeout=20, alive=exporter.process)
         samples = scrape(metrics)
         assert value(samples, "specwatch_configured_servers") == 2
         assert value(samples, "specwatch_discovery_targets", source="file_sd[0]") == 2
 
         (targets / "b.json").write_text("[{not json")
-        wait_for(lambda: value(scrape(metrics), "specwatch_discovery_refresh_successful", source="file_sd[0]") == 0, 20,
-                 "the broken file refused", alive=exporter.process)
+        wait_until("the broken file refused", lambda: value(scrape(metrics), "specwatch_discovery_refresh_successful", source="file_sd[0]") == 0, timeout=20, alive=exporter.process)
         refused = [e for e in exporter.events() if e.get("event") == "discovery_refused"]
         assert refused and "b.json" in refused[-1]["file"] and "not valid JSON or YAML" in refused[-1]["error"]
         assert value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1  # still watched
@@ -225,15 +228,16 @@ def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Pat
         assert wrong.status_code == 400 and "clean, fill_ins, unproven, unchecked" in wrong.text
 
         (targets / "b.json").unlink()
-        wait_for(lambda: value(scrape(metrics), "specwatch_configured_servers") == 1, 20, "b removed", alive=exporter.process)
+        wait_until("b removed", lambda: value(scrape(metrics), "specwatch_configured_servers") == 1, timeout=20, alive=exporter.process)
         assert value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") is None
 
         # A reload keeps what discovery found.
         exporter.signal(signal.SIGHUP)
-        wait_for(lambda: any(e.get("event") == "reloaded" for e in exporter.events()), 10, "the reload", alive=exporter.process)
+        wait_until("the reload", lambda: any(e.get("event") == "reloaded" for e in exporter.events()), timeout=10, alive=exporter.process)
         assert value(scrape(metrics), "specwatch_verdict", server="a", verdict="clean") == 1
 
 
+@pytest.mark.real
 def test_check_config_reads_the_discovery_sources_once(tmp_path: Path) -> None:
     (tmp_path / "t.json").write_text(json.dumps([{"targets": ["10.0.0.9:8080", "10.0.0.10:8080"]}]))
     config = tmp_path / "specwatch.yml"

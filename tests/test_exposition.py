@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.daemon.discovery import SourceStatus
@@ -54,6 +55,7 @@ def test_exposition_matches_the_golden_file() -> None:
     assert text == GOLDEN.read_text(), "exposition changed; rerun with UPDATE_GOLDEN=1 if intended and review the diff"
 
 
+@pytest.mark.real
 def test_golden_file_passes_promtool_lint() -> None:
     result = subprocess.run(["promtool", "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
@@ -122,6 +124,7 @@ def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
         app.stop()
 
 
+@pytest.mark.real
 def test_daemon_serves_the_fast_text_and_openmetrics_with_process_metrics() -> None:
     from exporter.daemon.run import Daemon
     from exporter.settings.loading import load_settings

@@ -44,6 +44,7 @@ def test_proc_net_tcp_addresses_are_decoded(line: str, address: tuple[str, int])
     assert _address(line) == address
 
 
+@pytest.mark.real
 def test_a_running_exporter_is_found_on_its_own_port_and_healthy(config: Path) -> None:
     with ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
@@ -53,6 +54,7 @@ def test_a_running_exporter_is_found_on_its_own_port_and_healthy(config: Path) -
         assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.real
 def test_a_tls_endpoint_is_asked_over_tls(config: Path, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
     web = tmp_path / "web.yml"
@@ -63,6 +65,7 @@ def test_a_tls_endpoint_is_asked_over_tls(config: Path, tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.real
 def test_a_stopped_exporter_gets_no_answer_and_is_unhealthy(config: Path) -> None:
     """The kernel still accepts connections for a SIGSTOPped process: only the timeout can tell."""
     with ExporterProcess("--config", str(config)) as exporter:
@@ -82,6 +85,7 @@ def test_a_stopped_exporter_gets_no_answer_and_is_unhealthy(config: Path) -> Non
         assert healthcheck(pid).returncode == 0, "healthy again once it runs"
 
 
+@pytest.mark.real
 def test_a_process_that_does_not_listen_is_unhealthy() -> None:
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -93,6 +97,7 @@ def test_a_process_that_does_not_listen_is_unhealthy() -> None:
     assert "no listening TCP socket found" in result.stderr
 
 
+@pytest.mark.real
 def test_a_process_that_is_gone_is_unhealthy_not_looked_for_elsewhere() -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

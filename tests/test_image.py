@@ -21,7 +21,7 @@ from tests.support.docker import Container, Docker, base_image, build, daemon
 from tests.support.dockerfile import last, user
 from tests.support.metrics import find, scrape
 from tests.support.net import free_port
-from tests.support.process import wait_for
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def wait_health(container: Container, status: str, timeout: float) -> dict:
         return state["Health"] if state["Health"]["Status"] == status else None
 
     try:
-        return wait_for(reached, timeout, f"the container to turn {status}", interval=0.2)
+        return wait_until(f"the container to turn {status}", reached, timeout=timeout, interval=0.2)
     except AssertionError as err:
         raise AssertionError(f"{err}; health: {health(container)}\n{container.logs()}") from None
 
@@ -142,7 +142,7 @@ def known(url: str) -> dict[str, str] | None:
 def test_the_exporter_runs_as_the_images_user_on_a_read_only_root(docker: Docker, image: str, exporter) -> None:
     container, _ = exporter
     assert docker.inspect(image)["Config"]["User"] == last("USER")
-    state = wait_for(lambda: (found := container.inspect())["State"]["Running"] and found, 30, "the container to run")
+    state = wait_until("the container to run", lambda: (found := container.inspect())["State"]["Running"] and found, timeout=30)
     assert state["HostConfig"]["ReadonlyRootfs"] is True and not state["HostConfig"].get("Tmpfs")
     assert [(m["Destination"], m["RW"]) for m in state["Mounts"]] == [(CONFIG, False)]
     uid, gid = user()
@@ -165,7 +165,7 @@ def test_the_healthcheck_turns_healthy(exporter) -> None:
 
 def test_metrics_show_each_servers_verdict(exporter) -> None:
     _, url = exporter
-    found = wait_for(lambda: known(url), 90, "a verdict on both servers")
+    found = wait_until("a verdict on both servers", lambda: known(url), timeout=90)
     assert found == {"plain": "clean", "draft": "fill_ins"}
 
 
@@ -178,7 +178,7 @@ def test_a_hung_exporter_turns_unhealthy_and_healthy_again_when_it_runs(docker: 
     docker("kill", "--signal", "SIGSTOP", container.name)
     try:
         status = Path(f"/proc/{before['Pid']}/status")
-        wait_for(lambda: re.search(r"^State:\tT \(stopped\)", status.read_text(), flags=re.M), 10, "the exporter to stop")
+        wait_until("the exporter to stop", lambda: re.search(r"^State:\tT \(stopped\)", status.read_text(), flags=re.M), timeout=10)
         with pytest.raises(httpx.TimeoutException):
             httpx.get(url, timeout=1)
         hung = wait_health(container, "unhealthy", 60)
@@ -260,7 +260,7 @@ def test_the_images_own_layers_stay_small(docker: Docker, image: str) -> None:
 
 def test_docker_stop_ends_the_exporter_cleanly_within_the_grace_period(docker: Docker, exporter) -> None:
     container, url = exporter
-    wait_for(lambda: known(url), 90, "canaries under way")
+    wait_until("canaries under way", lambda: known(url), timeout=90)
     started = time.monotonic()
     docker("stop", "--time", "10", container.name, timeout=30)
     took = time.monotonic() - started

@@ -185,6 +185,7 @@ def test_each_pod_watches_the_shard_of_its_ordinal_and_count_equals_replicas(bui
         assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.labels['{POD_INDEX_LABEL}']"
 
 
+@pytest.mark.real
 def test_specwatch_accepts_the_args_and_config_and_the_pods_split_the_fleet(built, tmp_path: Path) -> None:
     """Run each pod's command line as the kubelet would, with --check-config: the servers must come out once each."""
     objects = built["base"]
@@ -293,11 +294,13 @@ def generate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(DEPLOY / "generate.py"), *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.real
 def test_the_committed_prometheus_rule_is_what_the_generator_writes() -> None:
     result = generate("--check")
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.real
 def test_the_generator_check_notices_a_hand_edit(tmp_path: Path) -> None:
     edited = tmp_path / "prometheusrule.yaml"
     edited.write_text((DEPLOY / "base" / "prometheusrule.yaml").read_text().replace("for: 15m", "for: 20m", 1))
@@ -306,6 +309,7 @@ def test_the_generator_check_notices_a_hand_edit(tmp_path: Path) -> None:
     assert "out of date" in result.stderr and "python deploy/kubernetes/generate.py" in result.stderr
 
 
+@pytest.mark.real
 def test_the_generator_refuses_a_bad_config_like_the_rules_generator(tmp_path: Path) -> None:
     out = tmp_path / "prometheusrule.yaml"
     result = generate("--runbook-base-url", "docs/runbooks.md", "--out", str(out))
@@ -383,6 +387,7 @@ def test_ha_adds_only_the_second_statefulset_to_the_base(built) -> None:
     assert all(obj in built["ha"] for obj in built["base"])
 
 
+@pytest.mark.real
 def test_an_overlay_of_ones_own_sets_namespace_image_and_config(tmp_path: Path) -> None:
     """The customisation the docs describe: every pod gets the image and the replaced config."""
     (tmp_path / "specwatch.yml").write_text("servers:\n  - {name: x, url: 'http://llama-x.llm.svc:8080'}\n")
@@ -391,7 +396,7 @@ def test_an_overlay_of_ones_own_sets_namespace_image_and_config(tmp_path: Path) 
         "kind": "Kustomization",
         "namespace": "monitoring",
         "resources": [os.path.relpath(DEPLOY / "ha", tmp_path)],
-        "images": [{"name": "specwatch", "newName": "registry.example/specwatch", "newTag": "0.2.0"}],
+        "images": [{"name": "specwatch", "newName": "registry.example/specwatch", "newTag": "0.3.0"}],
         "configMapGenerator": [{"name": "specwatch-config", "behavior": "replace", "files": ["specwatch.yml"]}],
     }))
     objects = kustomize(tmp_path)
@@ -399,5 +404,5 @@ def test_an_overlay_of_ones_own_sets_namespace_image_and_config(tmp_path: Path) 
     configmap = one(objects, "ConfigMap")
     assert "llama-x" in configmap["data"]["specwatch.yml"]
     for statefulset in of_kind(objects, "StatefulSet"):
-        assert container(statefulset)["image"] == "registry.example/specwatch:0.2.0"
+        assert container(statefulset)["image"] == "registry.example/specwatch:0.3.0"
         assert the_config(objects, statefulset)[1] == configmap["data"]["specwatch.yml"]

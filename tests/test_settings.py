@@ -274,6 +274,7 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
                               ((), f"Value error, {NO_SERVERS}")]
 
 
+@pytest.mark.real
 def test_settings_import_no_http_and_probes_import_no_settings() -> None:
     import subprocess
     import sys

@@ -18,7 +18,8 @@ from exporter.daemon.shard import hashmod, select
 from exporter.demo.llamaserver import free_port
 from exporter.settings.schema import Settings
 from tests.support.chain import http_ok
-from tests.support.process import Process, wait_until
+from tests.support.process import Process
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = [f"llama-{i:04d}" for i in range(300)] + ["", "eval-a", "ünïcode-名前", "x" * 200, 'quote"and\\slash']
@@ -70,6 +71,7 @@ def test_assignment_depends_only_on_the_name() -> None:
         assert {s.name for s in watched_servers(before, f"{index}/5")} == {s.name for s in watched_servers(after, f"{index}/5")}
 
 
+@pytest.mark.real
 def test_assignment_is_the_same_in_a_fresh_process() -> None:
     """No per-process salt (such as Python's string hash seed) may move a server to another replica after a restart."""
     script = (
@@ -100,6 +102,7 @@ def test_select_keeps_the_fleet_order() -> None:
     assert chosen == [n for n in NAMES if hashmod(n, 3) == 1]
 
 
+@pytest.mark.real
 def test_check_config_lists_only_the_replica_share(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     config.write_text(yaml.safe_dump({"servers": [{"name": n, "url": f"http://10.1.0.{i}:8080"} for i, n in
@@ -114,6 +117,7 @@ def test_check_config_lists_only_the_replica_share(tmp_path: Path) -> None:
     assert sorted(listed) == sorted(SETTINGS_NAMES[:40])
 
 
+@pytest.mark.real
 def test_prometheus_hashmod_relabelling_assigns_the_same_shards(tmp_path: Path) -> None:
     """Real Prometheus relabels a target per name; its shard label must be specwatch's shard for that name."""
     modulus = 3

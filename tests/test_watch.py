@@ -187,6 +187,39 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
     assert sum(e["event"] == "poll_failed" and e["log_level"] == "debug" for e in logs) == polls - 3
 
 
+async def test_a_server_going_back_and_forth_between_two_reasons_logs_each_once(clock) -> None:
+    """A server whose link is down fails as a timeout, then as unreachable, then as a timeout again: a warning at each
+    change made a line every other poll for as long as the link stayed down."""
+    import structlog
+
+    from exporter.daemon.watch import Watcher
+    from exporter.probe.fetch import Fetcher
+    from exporter.settings.schema import Settings
+    from exporter.state import Fleet
+    from tests.support.fakes import fleet_transport
+
+    fakes: dict[str, FakeLlama] = {}
+    settings = Settings(servers=[{"name": "a", "url": "http://a:8080"}], canary_endpoints=["completion"])
+    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+        watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
+                          Fetcher(client, settings.max_response_bytes), clock=clock, monotonic=clock)
+        with structlog.testing.capture_logs() as logs:
+            for i in range(12):
+                if i % 2:
+                    fakes["a"] = FakeLlama.plain(api_key="k")
+                else:
+                    fakes.pop("a", None)
+                await watcher.poll("a")
+                clock.advance(15)
+            fakes["a"] = FakeLlama.plain()
+            await watcher.poll("a")
+    lines = [(e["event"], e.get("reason") or e.get("last_reason")) for e in logs if e["log_level"] in ("warning", "info")
+             and e["event"].startswith("poll_")]
+    assert lines == [("poll_failed", "connection_refused"), ("poll_failed", "unauthorized"),
+                     ("poll_recovered", "unauthorized")]
+    assert next(e for e in logs if e["event"] == "poll_recovered")["times"] == 12
+
+
 async def test_attempt_counters_exist_from_the_first_probe_so_rates_see_the_first_failure(make_watcher) -> None:
     watcher = make_watcher({"a": FakeLlama.plain(tokens=None)}, canary_endpoints=["completion"])
     await watcher.poll("a")

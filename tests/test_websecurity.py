@@ -213,6 +213,7 @@ def trusting(certs) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(certs.ca))
 
 
+@pytest.mark.real
 def test_tls_and_basic_auth_on_a_real_exporter(exporter: ExporterProcess, certs) -> None:
     url = exporter.url("https")
     with httpx.Client(verify=trusting(certs), timeout=5) as client:
@@ -228,11 +229,13 @@ def test_tls_and_basic_auth_on_a_real_exporter(exporter: ExporterProcess, certs)
         assert client.post(f"{url}/-/reload", auth=(USER, PASSWORD)).status_code == 200
 
 
+@pytest.mark.real
 def test_a_client_that_does_not_trust_the_certificate_is_refused(exporter: ExporterProcess) -> None:
     with httpx.Client(timeout=5) as client, pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         client.get(f"{exporter.url('https')}/metrics", auth=(USER, PASSWORD))
 
 
+@pytest.mark.real
 def test_plain_http_gets_nothing_and_tls_keeps_working(exporter: ExporterProcess, certs) -> None:
     with httpx.Client(timeout=5) as plain, pytest.raises(httpx.HTTPError):
         plain.get(f"{exporter.url('http')}/metrics", auth=(USER, PASSWORD))
@@ -240,6 +243,7 @@ def test_plain_http_gets_nothing_and_tls_keeps_working(exporter: ExporterProcess
         assert client.get(f"{exporter.url('https')}/metrics", auth=(USER, PASSWORD)).status_code == 200
 
 
+@pytest.mark.real
 def test_a_stalled_handshake_does_not_block_other_clients(exporter: ExporterProcess, certs) -> None:
     stalled = [socket.create_connection((HOST, exporter.port)) for _ in range(3)]  # connect, then never say hello
     try:
@@ -253,6 +257,7 @@ def test_a_stalled_handshake_does_not_block_other_clients(exporter: ExporterProc
             sock.close()
 
 
+@pytest.mark.real
 def test_basic_auth_without_tls(tmp_path, watched: Path) -> None:
     web = write(tmp_path / "auth-only.yml", f"basic_auth_users:\n  {USER}: {bcrypt_hash(PASSWORD)}\n")
     with ExporterProcess("--config", str(watched), "--web-config", str(web)) as process:
@@ -261,6 +266,7 @@ def test_basic_auth_without_tls(tmp_path, watched: Path) -> None:
         assert httpx.get(f"{url}/metrics", auth=(USER, PASSWORD), timeout=5).status_code == 200
 
 
+@pytest.mark.real
 def test_a_bad_web_config_stops_the_exporter_with_the_problems(tmp_path) -> None:
     web = write(tmp_path / "web.yml", "tls_server_config:\n  cert_file: nope.pem\n  key_file: nope-key.pem\nbasic_auth: {}\n")
     config = write(tmp_path / "specwatch.yml", f"servers:\n  - name: a\n    url: {refused_url()}\n")

@@ -257,3 +257,97 @@ def test_nothing_in_tests_imports_bench() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name}: {n}" for n in names if n == "bench" or n.startswith("bench.")]
     assert found == []
+
+
+# ---- the contract: the wire model answers as the real llama-server does --------------------------------------------
+
+
+def _skeleton(value: Any) -> Any:
+    """A JSON value's shape: objects by key, a list by its first element, scalars by type."""
+    if isinstance(value, dict):
+        return {key: _skeleton(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return ["list", _skeleton(value[0]) if value else None]
+    if isinstance(value, bool):
+        return "bool"
+    return "null" if value is None else type(value).__name__
+
+
+def _drift(real: Any, fake: Any, path: str = "") -> list[str]:
+    """Where the fake's shape differs from the real one: a key the real server never sends, or another type. The fake
+    may leave out keys specwatch does not read (it answers what specwatch and its tests need)."""
+    if isinstance(real, dict) and isinstance(fake, dict):
+        found = [f"{path}.{key}: the real server does not send it" for key in fake if key not in real]
+        return found + [d for key in fake if key in real for d in _drift(real[key], fake[key], f"{path}.{key}")]
+    if isinstance(real, list) and isinstance(fake, list):
+        return [] if real[1] is None or fake[1] is None else _drift(real[1], fake[1], f"{path}[]")
+    return [] if real == fake else [f"{path}: the real server sends {real}, the fake {fake}"]
+
+
+def _events(answer: httpx.Response) -> list[Any]:
+    return [json.loads(line[5:]) for line in answer.text.splitlines() if line.startswith("data:") and "[DONE]" not in line]
+
+
+def _same(real: httpx.Response, fake: httpx.Response, what: str) -> None:
+    assert real.status_code == fake.status_code, what
+    assert real.headers["content-type"].split(";")[0] == fake.headers["content-type"].split(";")[0], what
+    if real.headers["content-type"].startswith("text/event-stream"):
+        real_events, fake_events = _events(real), _events(fake)
+        # Framing: as many events, [DONE] or not; each event's shape, first, in the middle and last.
+        assert (len(real_events), "[DONE]" in real.text) == (len(fake_events), "[DONE]" in fake.text), what
+        for index in (0, len(real_events) // 2, -1):
+            assert _drift(_skeleton(real_events[index]), _skeleton(fake_events[index])) == [], f"{what}, event {index}"
+        return
+    assert _drift(_skeleton(real.json()), _skeleton(fake.json())) == [], what
+
+
+@pytest.fixture(scope="module")
+def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from exporter.demo.tinymodel import write_cycle_model
+
+    return write_cycle_model(tmp_path_factory.mktemp("contract") / "cycle.gguf")
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(("kind", "fake", "extra"), [
+    ("plain", lambda: FakeLlama.plain(tokens=None), []),
+    ("draft", lambda: FakeLlama.draft(tokens=None), []),
+    ("plain", lambda: FakeLlama.plain(tokens=None, slots_enabled=False), ["--no-slots"]),
+    ("plain", lambda: FakeLlama.plain(tokens=None, api_key="contract-key"), ["--api-key", "contract-key"]),
+])
+def test_the_wire_model_answers_every_request_specwatch_sends_as_the_real_server_does(contract_model, kind, fake, extra) -> None:
+    from exporter.demo.llamaserver import LlamaServer
+    from exporter.probe.canary import TABLE
+
+    # A connection per request: what is compared is each answer, not llama-server's keep-alive race.
+    with LlamaServer.of_kind(kind, contract_model, extra) as server, \
+            httpx.Client(base_url=server.url, timeout=60, headers={"Connection": "close"}) as real, \
+            httpx.Client(transport=httpx.MockTransport(fake()), base_url="http://fake") as fakes:
+        for path in ("/health", "/props", "/v1/models", "/models", "/nothing-here"):
+            _same(real.get(path), fakes.get(path), f"GET {path}")
+        for endpoint, spec in TABLE.items():
+            body = spec.body(8)
+            _same(real.post(spec.path, json=body), fakes.post(spec.path, json=body), f"{endpoint} canary")
+        # /slots once a slot has run a task: the fake always answers with a task's fields.
+        _same(real.get("/slots"), fakes.get("/slots"), "GET /slots")
+
+
+@pytest.mark.real
+def test_the_wire_router_answers_as_the_real_router_does(contract_model, tmp_path: Path) -> None:
+    from exporter.demo.llamaserver import LlamaRouter, router_preset
+
+    preset = router_preset(tmp_path / "preset.ini", {"plain": ["--model", str(contract_model)],
+                                                    "cold": ["--model", str(contract_model)]})
+    fake = FakeRouter(models={"plain": FakeLlama.plain(tokens=None), "cold": FakeLlama.plain(tokens=None)},
+                      status={"plain": "loaded"})
+    with LlamaRouter(preset, models_max=2, log_dir=tmp_path) as router, \
+            httpx.Client(base_url=router.url, timeout=60, headers={"Connection": "close"}) as real, \
+            httpx.Client(transport=httpx.MockTransport(fake), base_url="http://fake") as fakes:
+        router.load("plain")
+        for path in ("/health", "/props", "/models", "/props?model=plain&autoload=false", "/slots?model=cold&autoload=false"):
+            _same(real.get(path), fakes.get(path), f"GET {path}")
+        body = {"model": "cold", "prompt": "x", "n_predict": 4, "n_probs": 3}
+        _same(real.post("/completion?autoload=false", json=body), fakes.post("/completion?autoload=false", json=body),
+              "a canary for a model that is not loaded")
+        assert fake.loads == [] and "cold" not in [m["id"] for m in real.get("/models").json()["data"]
+                                                   if m["status"]["value"] == "loaded"]

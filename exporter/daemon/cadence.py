@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from exporter.probe.canary import Endpoint
@@ -43,8 +44,16 @@ def spacing(model: ModelState, *, interval: float, tokens: int = DEFAULT_TOKENS,
     return interval * min(MAX_STRETCH, max(1.0, size / tokens))
 
 
+def _reached(elapsed: float, wanted: float, poll_interval: float) -> bool:
+    """Whether `elapsed` seconds since a round began is `wanted` or more, counted in whole polls when rounds start at
+    polls: the milliseconds each poll's answer takes make the time between two of them vary."""
+    if poll_interval <= 0 or not math.isfinite(elapsed):
+        return elapsed >= wanted
+    return round(elapsed / poll_interval) * poll_interval >= wanted - 1e-9
+
+
 def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT_TOKENS,
-        tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> Round | None:
+        tokens_speculating: int = DEFAULT_TOKENS_SPECULATING, poll_interval: float = 0.0) -> Round | None:
     """The round due for `model` at `now`, or None.
 
     A model that cannot answer (its poll failed, or a router has it unloaded) gets nothing: canaries would only
@@ -54,13 +63,18 @@ def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT
     turn. A model that comes back after a failed poll gets every endpoint too, but at most once per `interval`: a
     flapping server must not cost a round a poll. `tokens` and `tokens_speculating` are the settings' canary_tokens
     and canary_tokens_speculating (their defaults unless given).
+
+    The watcher looks at `now` right after each poll and passes its `poll_interval`: time is then counted in polls.
+    Compared to the millisecond, a round begun after a poll that took 5 ms is not due at a poll that took 4 ms an
+    interval later, and canaries meant to come an interval apart came an interval and a poll apart half the time.
     """
     if model.poll is None or not model.loaded or not model.endpoints:
         return None
     if model.full_round_due in ("new", "changed"):
         return Round(model.endpoints, full=True, rotation=True)
     # A server that keeps failing and recovering would otherwise get a full round at every recovery.
-    if model.full_round_due == "back" and (model.full_round_at is None or now - model.full_round_at >= interval):
+    if model.full_round_due == "back" and (model.full_round_at is None
+                                           or _reached(now - model.full_round_at, interval, poll_interval)):
         return Round(model.endpoints, full=True, rotation=True)
 
     def age(endpoint: Endpoint) -> float:
@@ -69,11 +83,11 @@ def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT
 
     picks: list[Endpoint] = []
     every = spacing(model, interval=interval, tokens=tokens, tokens_speculating=tokens_speculating)
-    rotation = model.rotated_at is None or now - model.rotated_at >= every
+    rotation = model.rotated_at is None or _reached(now - model.rotated_at, every, poll_interval)
     if rotation:
         picks.append(max(model.endpoints, key=age))
     failing = [e for e in model.endpoints if e not in picks and (c := model.canaries.get(e)) is not None and not c.success
-               and age(e) >= interval]
+               and _reached(age(e), interval, poll_interval)]
     if failing:
         picks.append(max(failing, key=age))
     return Round(tuple(picks), full=False, rotation=rotation) if picks else None

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from exporter.filestamp import FileStamp, file_stamp
-from exporter.probe.fetch import new_client
+from exporter.probe.client import new_client
 from exporter.problems import ConfigError, problem_lines, refusal, yaml_problem
 from exporter.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
 from exporter.state import ServerState
@@ -44,6 +44,12 @@ class SourceStatus:
 def _host_ports(targets: Any) -> Any:
     if not isinstance(targets, list) or not all(isinstance(t, str) and t.strip() for t in targets):
         raise ValueError("must be a list of HOST:PORT strings")
+    for target in targets:
+        if "://" in target:
+            raise ValueError(f"{target.split('://', 1)[0][:20]!r}:// in a target: a target is HOST:PORT, as in Prometheus; "
+                             "set the source's scheme: https for TLS")
+        if any(ch.isspace() for ch in target.strip()):
+            raise ValueError("a target is HOST:PORT, with no spaces")
     return [t.strip() for t in targets]
 
 

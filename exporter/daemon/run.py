@@ -20,7 +20,8 @@ from exporter.daemon.schedule import Schedule
 from exporter.daemon.shard import select
 from exporter.daemon.watch import Watcher
 from exporter.daemon.web import WebApp
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.problems import ConfigError
 from exporter.settings.loading import load_settings
 from exporter.settings.schema import ServerConfig, Settings, parse_shard

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -29,12 +29,15 @@ REMIND_SECONDS = 600.0
 
 @dataclass
 class _Streak:
-    """A run of one kind of trouble on one server: logged when it starts, changes, ends, and every REMIND_SECONDS."""
+    """A run of trouble on one server: logged when it starts, shows a reason it had not shown, ends, and every
+    REMIND_SECONDS."""
 
     what: str
     since: float
     logged_at: float
     count: int = 1
+    seen: set[str] = field(default_factory=set)
+    """Every reason this run of trouble has shown."""
 
 
 class Watcher(Runner):
@@ -108,7 +111,8 @@ class Watcher(Runner):
         now = self._clock()
         for key, model in state.models.items():
             found = due(model, now, interval=self.settings.canary_interval, tokens=self.settings.canary_tokens,
-                        tokens_speculating=self.settings.canary_tokens_speculating)
+                        tokens_speculating=self.settings.canary_tokens_speculating,
+                        poll_interval=self.settings.poll_interval)
             if found is not None and ("canary", name, key) not in self._in_flight:
                 task = asyncio.ensure_future(self.canary(name, key, found))
                 self._rounds.add(task)
@@ -196,17 +200,24 @@ class Watcher(Runner):
         return state.config
 
     def _trouble(self, key: tuple[str, ...], event: str, what: str, **fields: Any) -> None:
-        """Log trouble when it starts or changes, then only every REMIND_SECONDS while it goes on."""
+        """Log trouble when it starts or shows a reason it had not shown yet, then only every REMIND_SECONDS.
+
+        A server that goes back and forth between reasons it already showed is not logged at every change: one whose
+        link is down fails as a timeout, then as unreachable once its neighbour entry failed, then as a timeout again.
+        """
         now = self._monotonic()
         streak = self._streaks.get(key)
-        if streak is None or streak.what != what:
-            if streak is not None:
-                fields["previous"] = streak.what
-            self._streaks[key] = _Streak(what, now if streak is None else streak.since, now)
+        if streak is None:
+            self._streaks[key] = _Streak(what, now, now, seen={what})
             log.warning(event, reason=what, **fields)
             return
         streak.count += 1
-        if now - streak.logged_at >= REMIND_SECONDS:
+        previous, streak.what = streak.what, what
+        if what not in streak.seen:
+            streak.seen.add(what)
+            streak.logged_at = now
+            log.warning(event, reason=what, previous=previous, **fields)
+        elif now - streak.logged_at >= REMIND_SECONDS:
             streak.logged_at = now
             log.warning(event, reason=what, still_for_seconds=round(now - streak.since), times=streak.count, **fields)
         else:

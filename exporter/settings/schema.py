@@ -35,6 +35,8 @@ RESERVED_LABELS = frozenset({"server", "model", "endpoint", "source", "reason", 
                              "job", "instance", "pod"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # What a pasted endpoint URL ends in; specwatch needs the server's root and adds these itself.
+_HOST = re.compile(r"[A-Za-z0-9_.-]+|[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?")
+"""A host name, an IPv4 address, or an IPv6 one (urlsplit has taken its brackets off), with its zone."""
 _ENDPOINT_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/completion", "/v1", "/health", "/props", "/slots")
 NO_SERVERS = (
     "lists no servers: put the fleet under servers:, e.g. servers: [{name: eval-a, url: 'http://10.0.0.5:8080'}] "
@@ -169,6 +171,8 @@ class ServerConfig(_KeyedTargets):
             raise ValueError(f"{shown!r} is not an http:// or https:// URL")
         if not parts.hostname:
             raise ValueError(f"{shown!r} has no host")
+        if not _HOST.fullmatch(parts.hostname):
+            raise ValueError(f"{shown!r}: {parts.hostname[:80]!r} is not a host name or address")
         if parts.username or parts.password:
             raise ValueError("credentials in the URL are not allowed; use api_key_file or api_key_env")
         if parts.query or parts.fragment:

@@ -10,13 +10,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
+from exporter.demo.llamaserver import free_port
 from tests.support.process import Process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,6 +145,37 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def prometheus_api(base_url: str, path: str) -> dict:
+    """The `data` of a Prometheus API answer (/api/v1/alerts, /api/v1/rules, ...)."""
+    with urllib.request.urlopen(f"{base_url}{path}", timeout=10) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def active_alerts(base_url: str, alertname: str | None = None) -> list[dict]:
+    """Prometheus' pending and firing alerts (/api/v1/alerts), of one rule when named."""
+    return [a for a in prometheus_api(base_url, "/api/v1/alerts")["alerts"]
+            if alertname is None or a["labels"]["alertname"] == alertname]
+
+
+def alerts_evaluated_at(base_url: str, group: str = "specwatch.alerts") -> float:
+    """Unix time of the last evaluation of a rule group (by default the alerts')."""
+    (found,) = [g for g in prometheus_api(base_url, "/api/v1/rules")["groups"] if g["name"] == group]
+    return datetime.fromisoformat(found["lastEvaluation"]).timestamp()
+
+
+def evaluated_since(base_url: str, since: float, times: int, interval: float) -> Callable[[], bool]:
+    """True once the alerting group has run `times` evaluation intervals after `since` (Unix time)."""
+    return lambda: alerts_evaluated_at(base_url) >= since + times * interval
+
+
+def alert_samples_since(base_url: str, selector: str, since: float) -> list[dict]:
+    """The ALERTS series matching `selector` with any sample (pending or firing) after `since` (Unix time)."""
+    window = max(1, int((time.time() - since) * 1000))
+    return prometheus_query(base_url, f"count_over_time(ALERTS{{{selector}}}[{window}ms])")
+
+
 def prometheus_query(base_url: str, expr: str) -> list[dict]:
     """The instant query's result vector; raises on a PromQL error so a broken panel fails loudly."""
     url = f"{base_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -211,6 +244,24 @@ class WebhookReceiver:
             self._server.server_close()
             self._server = None
 
+    def sequence(self, since: float = 0.0) -> list[tuple[float, str, str, list[tuple[str, str, str]]]]:
+        """Each delivery as (seconds after `since`, path, status, [(alertname, server, status) of its alerts])."""
+        with self._lock:
+            return [(round(d.at - since, 1), d.path, d.body.get("status", ""),
+                     [(a["labels"].get("alertname", ""), a["labels"].get("server", ""), a["status"])
+                      for a in d.body.get("alerts", [])]) for d in self.deliveries]
+
+
+def stay_quiet(receiver: WebhookReceiver, seconds: float, deliveries: int) -> None:
+    """Watch the receiver for `seconds`; fail at once if a delivery beyond the first `deliveries` arrives."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(receiver.deliveries) != deliveries:
+            break
+        time.sleep(0.2)
+    extra = [(d.path, d.body.get("status"), [a["labels"] for a in d.body.get("alerts", [])])
+             for d in receiver.deliveries[deliveries:]]
+    assert extra == [], f"notifications beyond the first {deliveries}: {extra}"
 
 
 def alertmanager(work: Path, config: Path, address: str) -> Process:
@@ -229,10 +280,25 @@ def prometheus(work: Path, config: Path, address: str) -> Process:
     ], work)
 
 
-def alertmanager_config(webhook: str, **timing: str) -> dict:
-    """examples/alertmanager.yml with its placeholder webhooks pointed at `webhook`, one path per receiver, and
-    `timing` (group_wait, group_interval, ...) set on every route."""
-    config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+# The page route's grouping in examples/alertmanager.yml, and the alternative it offers as a comment.
+PAGE_GROUP_BY = "      group_by: [alertname, job, server]\n"
+ALTERNATIVE_PAGE_GROUP_BY = "      # group_by: [alertname, job]\n"
+
+
+def example_alertmanager(*, alternative: bool = False) -> str:
+    """examples/alertmanager.yml as a user gets it, or with the page route's commented alternative chosen as it says."""
+    text = (EXAMPLES / "alertmanager.yml").read_text()
+    if not alternative:
+        return text
+    assert text.count(PAGE_GROUP_BY) == 1 and text.count(ALTERNATIVE_PAGE_GROUP_BY) == 1, \
+        "the example's page route no longer offers the alternative grouping the tests choose"
+    return text.replace(PAGE_GROUP_BY, "").replace(ALTERNATIVE_PAGE_GROUP_BY, ALTERNATIVE_PAGE_GROUP_BY.replace("# ", "", 1))
+
+
+def alertmanager_config(webhook: str, *, alternative: bool = False, **timing: str) -> dict:
+    """examples/alertmanager.yml (or its alternative page grouping) with its placeholder webhooks pointed at `webhook`,
+    one path per receiver, and `timing` (group_wait, group_interval, ...) set on every route."""
+    config = yaml.safe_load(example_alertmanager(alternative=alternative))
     replaced = 0
     for receiver in config["receivers"]:
         for hook in receiver.get("webhook_configs", []):
@@ -264,6 +330,17 @@ def prometheus_config(alertmanager: str, *, interval: str) -> tuple[dict, dict[s
     for job in jobs.values():
         job["scrape_interval"] = interval
     return config, jobs
+
+
+def addresses(count: int, *taken: int) -> list[str]:
+    """`count` distinct loopback addresses on ports free now and not in `taken` (ports of servers made but not started
+    yet: free_port() may hand out one of those again)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports and port not in taken:
+            ports.append(port)
+    return [f"127.0.0.1:{port}" for port in ports]
 
 
 def write_yaml(path: Path, config: dict) -> Path:

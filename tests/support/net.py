@@ -8,6 +8,8 @@ import socket
 HOST = "127.0.0.1"
 UNRESOLVABLE_URL = "http://specwatch-fault.invalid:8080"
 """RFC 6761 reserves .invalid: no resolver may ever answer it, so this is a DNS failure everywhere."""
+UNREACHABLE_URL = "http://224.0.0.1:8080"
+"""A multicast address: Linux refuses a TCP connection to it at once with "Network is unreachable", and sends nothing."""
 
 
 def free_port() -> int:

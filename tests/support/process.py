@@ -10,12 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.support.net import HOST
+from tests.support.waiting import wait_until
 
 
 def _stop_group(process: subprocess.Popen, timeout: float) -> None:
@@ -33,33 +34,6 @@ def _stop_group(process: subprocess.Popen, timeout: float) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-
-
-def _poll(check: Callable[[], Any], timeout: float, interval: float, died: Callable[[], str | None],
-          timed_out: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        death = died()
-        if death is not None:
-            raise AssertionError(death)
-        if time.monotonic() > deadline:
-            raise AssertionError(timed_out())
-        time.sleep(interval)
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, *, alive: subprocess.Popen | None = None,
-             interval: float = 0.05) -> Any:
-    """The first truthy result of `check`, polled until `timeout`; fails early if `alive` exits."""
-
-    def died() -> str | None:
-        if alive is None or alive.poll() is None:
-            return None
-        return f"process exited with {alive.returncode} while waiting for {what}"
-
-    return _poll(check, timeout, interval, died, lambda: f"timed out after {timeout:g}s waiting for {what}")
 
 
 class ExporterProcess:
@@ -101,7 +75,7 @@ class ExporterProcess:
             return next((e["listen"] for e in self.events() if e.get("event") == "started"), None)
 
         try:
-            listen = wait_for(listening, timeout, "specwatch to start", alive=self.process)
+            listen = wait_until("specwatch to start", listening, timeout=timeout, alive=self.process)
         except AssertionError as err:
             raise AssertionError(f"{err}; its output:\n{self.output()}") from None
         self.port = int(listen.rsplit(":", 1)[1])
@@ -159,24 +133,13 @@ class Process:
         if proc is not None:
             _stop_group(proc, timeout)
 
-
-def wait_until(what: str, check: Callable[[], object], *, timeout: float, processes: Sequence[Process] = (),
-               interval: float = 0.2) -> object:
-    """Poll `check` until it returns something truthy; fail with the logs of any process that died meanwhile."""
-
-    def died() -> str | None:
-        for process in processes:
-            code = process.exited()
-            if code is not None:
-                return f"{process.name} exited with {code} while waiting for {what}:\n{process.log_tail()}"
-        return None
-
-    def timed_out() -> str:
-        logs = "\n".join(f"--- {p.name}:\n{p.log_tail(15)}" for p in processes)
-        return f"timed out after {timeout:.0f}s waiting for {what}\n{logs}"
-
-    return _poll(check, timeout, interval, died, timed_out)
-
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, as the OOM killer or a node loss would: no shutdown code runs."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @dataclass(frozen=True)

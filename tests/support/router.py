@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -12,6 +11,7 @@ import httpx
 from exporter.demo.llamaserver import find_llama_server, free_port
 from tests.support.metrics import parse
 from tests.support.process import _stop_group
+from tests.support.waiting import wait_until
 
 PREDICTED, PROMPT = "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"
 ROUTER_MODEL = "cyc"
@@ -23,14 +23,6 @@ def counters(url: str, query: str = "") -> dict[str, float]:
     """A llama-server's own /metrics (started with --metrics), as {name: value} of its unlabelled samples."""
     text = httpx.get(f"{url}/metrics{query}", timeout=10).text
     return {name: value for (name, labels), value in parse(text).items() if not labels}
-
-
-def until(condition: Callable[[], bool], timeout: float, what: str, pause: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:g}s")
-        time.sleep(pause)
 
 
 def answers(url: str) -> bool:
@@ -68,7 +60,7 @@ class Router:
         with self.log.open("ab") as out:
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)
-        until(lambda: answers(f"{self.url}/health"), 60, f"router on {self.url} answering /health")
+        wait_until(f"router on {self.url} answering /health", lambda: answers(f"{self.url}/health"), timeout=60)
         return self
 
     def status(self) -> str:
@@ -78,7 +70,7 @@ class Router:
     def load(self) -> float:
         """Load the model as a client would; the monotonic time /models first lists it loaded."""
         httpx.post(f"{self.url}/models/load", json={"model": ROUTER_MODEL}, timeout=30).raise_for_status()
-        until(lambda: self.status() == "loaded", 60, "the router model loaded", pause=0.05)
+        wait_until("the router model loaded", lambda: self.status() == "loaded", timeout=60, interval=0.05)
         return time.monotonic()
 
     def reload_with(self, extra: list[str]) -> float:
@@ -86,7 +78,7 @@ class Router:
         the monotonic time /models first lists it loaded."""
         self.write_preset(extra)
         httpx.get(f"{self.url}/models?reload=1", timeout=30).raise_for_status()
-        until(lambda: self.status() == "unloaded", 30, "the router to unload the changed model")
+        wait_until("the router to unload the changed model", lambda: self.status() == "unloaded", timeout=30)
         return self.load()
 
     def stop(self) -> None:

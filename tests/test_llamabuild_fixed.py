@@ -209,8 +209,10 @@ def test_the_daemon_on_the_fixed_build(servers, tmp_path):
     """A fleet on the fixed build: the verdict names the endpoint with fill-ins; a daemon asking only fixed ones says clean."""
     import yaml
 
+    from exporter.probe.canary import Endpoint
     from tests.support.metrics import find, scrape
-    from tests.support.process import ExporterProcess, wait_until
+    from tests.support.process import ExporterProcess
+    from tests.support.waiting import wait_until
 
     fixed, b11434 = servers("on"), servers("pip")
     for endpoints, verdict in ((None, "fill_ins"), (FIXED_ENDPOINTS, "clean")):
@@ -223,9 +225,13 @@ def test_the_daemon_on_the_fixed_build(servers, tmp_path):
         with ExporterProcess("--config", str(path)) as exporter:
             exporter.wait_started()
 
-            def settled() -> dict | None:
+            asked = endpoints or [e.value for e in Endpoint]
+
+            def settled(asked: list[str] = asked) -> dict | None:
+                # Every endpoint canaried: fill-ins decide a verdict before the last endpoint has answered.
                 samples = scrape(exporter.url() + "/metrics")
-                done = all(find(samples, "specwatch_verdict", server=s, verdict="unchecked") == 0 for s in ("fixed", "b11434"))
+                done = all(find(samples, "specwatch_canary_success", server=s, endpoint=e) == 1
+                           for s in ("fixed", "b11434") for e in asked)
                 return samples if done else None
 
             samples = wait_until("both verdicts", settled, timeout=60)

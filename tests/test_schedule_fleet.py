@@ -21,7 +21,8 @@ from exporter.daemon.run import Daemon
 from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import free_port
 from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import Reason
 from exporter.settings.loading import load_settings
 from exporter.settings.schema import Settings

@@ -12,7 +12,8 @@ import yaml
 
 from tests.support.loopback import FaultServer
 from tests.support.metrics import Samples, scrape, value
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 RELOAD_OK = "specwatch_config_last_reload_successful"
@@ -45,8 +46,8 @@ def running(tmp_path, fleet):
     write(config, [{"name": n, "url": fleet[n].url} for n in ("a", "b")])
     with ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
-        wait_for(lambda: value(samples(exporter), "specwatch_up", server="a") == 1 and
-                 value(samples(exporter), "specwatch_up", server="b") == 1, 15, "a and b up", alive=exporter.process)
+        wait_until("a and b up", lambda: value(samples(exporter), "specwatch_up", server="a") == 1 and
+                 value(samples(exporter), "specwatch_up", server="b") == 1, timeout=15, alive=exporter.process)
         yield exporter, config
 
 
@@ -61,6 +62,7 @@ def still_polled(*servers: FaultServer, seconds: float = 1.0) -> bool:
     return all(s.count("/props") > b for s, b in zip(servers, before, strict=True))
 
 
+@pytest.mark.real
 def test_a_bad_config_is_refused_and_the_old_one_keeps_running(running, fleet, tmp_path) -> None:
     exporter, config = running
     first = samples(exporter)
@@ -88,12 +90,13 @@ def test_a_bad_config_is_refused_and_the_old_one_keeps_running(running, fleet, t
 
     config.write_text("servers:\n  - name: a\n    url: [unclosed\n")
     exporter.signal(signal.SIGHUP)
-    wait_for(lambda: reload_events(exporter, "reload_failed") == 2, 10, "the SIGHUP reload to fail", alive=exporter.process)
+    wait_until("the SIGHUP reload to fail", lambda: reload_events(exporter, "reload_failed") == 2, timeout=10, alive=exporter.process)
     assert value(samples(exporter), RELOAD_OK) == 0
     assert still_polled(fleet["a"])
     assert exporter.process.poll() is None
 
 
+@pytest.mark.real
 def test_sighup_swaps_the_fleet_without_a_restart(running, fleet) -> None:
     exporter, config = running
     loaded_at = value(samples(exporter), RELOAD_AT)
@@ -105,7 +108,7 @@ def test_sighup_swaps_the_fleet_without_a_restart(running, fleet) -> None:
         found = samples(exporter)
         return found if value(found, "specwatch_up", server="c", pool="eval") == 1 else None
 
-    found = wait_for(swapped, 15, "c to appear", alive=exporter.process)
+    found = wait_until("c to appear", swapped, timeout=15, alive=exporter.process)
     assert servers_in(found) == {"b", "c"}
     assert value(found, "specwatch_servers") == 2
     assert value(found, RELOAD_OK) == 1
@@ -118,6 +121,7 @@ def test_sighup_swaps_the_fleet_without_a_restart(running, fleet) -> None:
     assert (reloaded["servers"], reloaded["added"], reloaded["removed"], reloaded["changed"]) == (2, 1, 1, ["servers"])
 
 
+@pytest.mark.real
 def test_post_reload_recovers_after_a_failed_one(running, fleet, tmp_path) -> None:
     exporter, config = running
     write(config, [{"name": "a", "url": fleet["a"].url, "api_key_file": str(tmp_path / "missing.key")}])
@@ -129,7 +133,7 @@ def test_post_reload_recovers_after_a_failed_one(running, fleet, tmp_path) -> No
     write(config, [{"name": "a", "url": fleet["a"].url}, {"name": "c", "url": fleet["c"].url}])
     accepted = httpx.post(f"{exporter.url()}/-/reload", timeout=30)
     assert (accepted.status_code, accepted.text) == (200, "configuration reloaded\n")
-    found = wait_for(lambda: (f := samples(exporter)) and value(f, "specwatch_up", server="c") == 1 and f, 15, "c up")
+    found = wait_until("c up", lambda: (f := samples(exporter)) and value(f, "specwatch_up", server="c") == 1 and f, timeout=15)
     assert servers_in(found) == {"a", "c"}
     assert value(found, RELOAD_OK) == 1
     assert httpx.get(f"{exporter.url()}/-/reload", timeout=10).status_code == 405

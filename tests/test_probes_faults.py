@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpcore
+import httpx
 import pytest
 import structlog
 
 from exporter.daemon.watch import Watcher
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher, classify_transport_error
+from exporter.reasons import Reason
 from exporter.settings.schema import Settings
 from exporter.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import CloseAtOnce, Hang, Huge, Mutate, Raw, Redirect, Reset, Respond, Status, Trickle, Truncated
 from tests.support.loopback import FaultServer
 from tests.support.metrics import exposition, parse, value
-from tests.support.net import UNRESOLVABLE_URL, stranded_sockets
+from tests.support.net import UNREACHABLE_URL, UNRESOLVABLE_URL, stranded_sockets
 from tests.support.wire import FakeLlama
 
 TIMEOUT = 1.0
@@ -223,6 +229,29 @@ async def test_dns_failure(clients, neighbour: FaultServer) -> None:
     assert_neighbour_healthy(samples, took)
 
 
+async def test_no_route_to_the_host_is_unreachable_not_a_reset(clients, neighbour: FaultServer) -> None:
+    """A server whose link was down answered "No route to host", which used to count as connection_reset."""
+    watcher = watcher_for(clients, {"url": UNREACHABLE_URL}, neighbour)
+    took = await poll_both(watcher)
+    _, samples = scrape(watcher)
+    assert value(samples, "specwatch_poll_failures_total", server=FAULTY, reason="unreachable") == 1
+    assert value(samples, "specwatch_up", server=FAULTY) == 0
+    assert_neighbour_healthy(samples, took)
+
+
+@pytest.mark.parametrize("code", [errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN])
+def test_every_no_route_error_is_unreachable(code: int) -> None:
+    """As the asyncio backend raises it: httpx's error, from httpcore's, from the kernel's OSError."""
+    kernel = OSError(code, f"Connect call failed ('10.0.0.2', 8080): {os.strerror(code)}")
+    try:
+        try:
+            raise httpcore.ConnectError(str(kernel)) from kernel
+        except httpcore.ConnectError as core:
+            raise httpx.ConnectError(str(core)) from core
+    except httpx.ConnectError as err:
+        assert classify_transport_error(err) is Reason.UNREACHABLE
+
+
 async def test_tls_with_a_certificate_the_client_does_not_trust(clients, neighbour: FaultServer, tmp_path) -> None:
     certs = make_certs(tmp_path)
     with FaultServer(FakeLlama.plain(), tls=server_tls(certs)) as faulty:
@@ -411,6 +440,7 @@ async def test_huge_draft_count_cannot_break_the_scrape(clients, neighbour: Faul
 ROUNDS = 10
 
 
+@pytest.mark.slow
 async def test_timeouts_under_load_never_strand_a_connection(clients) -> None:
     """A timeout that lands during httpcore's cleanup used to leave the connection checked out, its socket open for good."""
     import time

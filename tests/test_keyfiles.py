@@ -12,7 +12,8 @@ import yaml
 from exporter.settings.schema import ServerConfig
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 
@@ -74,6 +75,7 @@ def test_a_rotation_gap_keeps_the_last_good_key_and_says_so_once(tmp_path: Path,
     assert "sk-" not in repr(logged)
 
 
+@pytest.mark.real
 def test_a_key_rotated_on_a_real_server_needs_no_reload(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("sk-rotation-one\n")
@@ -94,19 +96,19 @@ def test_a_key_rotated_on_a_real_server_needs_no_reload(tmp_path: Path) -> None:
                 seen = [s for s in list(llama.seen) if s.path == "/props"]
                 return bool(seen) and seen[-1].headers.get("authorization") == f"Bearer {key}" and up()
 
-            wait_for(lambda: answered_with("sk-rotation-one"), 15, "a poll with the first key", alive=exporter.process)
+            wait_until("a poll with the first key", lambda: answered_with("sk-rotation-one"), timeout=15, alive=exporter.process)
             fake.api_key = "sk-rotation-two"
             rotate(key_file, "sk-rotation-two")
-            wait_for(lambda: answered_with("sk-rotation-two"), 15, "a poll with the rotated key", alive=exporter.process)
+            wait_until("a poll with the rotated key", lambda: answered_with("sk-rotation-two"), timeout=15, alive=exporter.process)
 
             key_file.unlink()  # mid-rotation: the file is briefly gone
             before = llama.count("/props")
-            wait_for(lambda: llama.count("/props") >= before + 2, 15, "two polls without the file", alive=exporter.process)
+            wait_until("two polls without the file", lambda: llama.count("/props") >= before + 2, timeout=15, alive=exporter.process)
             assert answered_with("sk-rotation-two")
 
             fake.api_key = "sk-rotation-three"
             rotate(key_file, "sk-rotation-three")
-            wait_for(lambda: answered_with("sk-rotation-three"), 15, "a poll with the third key", alive=exporter.process)
+            wait_until("a poll with the third key", lambda: answered_with("sk-rotation-three"), timeout=15, alive=exporter.process)
 
             events = [e["event"] for e in exporter.events()]
             assert "reloaded" not in events

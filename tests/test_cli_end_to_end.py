@@ -19,6 +19,7 @@ from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.canary import Endpoint
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.real
 
@@ -93,17 +94,16 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
 
 
 def _wait(url: str, ready, timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    samples: dict = {}
-    while time.monotonic() < deadline:
+    """The first scrape of `url` that `ready` accepts (a scrape that fails counts as not ready yet)."""
+
+    def scraped() -> dict | None:
         try:
             samples = scrape(url)
         except httpx.HTTPError:
-            samples = {}
-        if samples and ready(samples):
-            return samples
-        time.sleep(0.5)
-    raise AssertionError(f"condition not met within {timeout}s; last scrape: {sorted(samples)[:40]}")
+            return None
+        return samples if samples and ready(samples) else None
+
+    return wait_until(f"the exporter at {url} to be ready", scraped, timeout=timeout, interval=0.5)
 
 
 def test_exporter_tells_each_kind_of_server_apart(exporter_metrics: tuple[str, Path]) -> None:

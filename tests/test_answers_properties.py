@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from exporter.durations import parse_duration
-from exporter.probe.canary import TABLE, Endpoint, Reading, Token, classify
+from exporter.probe.answers import Reading, Token
+from exporter.probe.canary import TABLE, Endpoint, classify
 from exporter.probe.fetch import parse_json
 from exporter.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
 from exporter.reasons import ProbeFailure, Reason

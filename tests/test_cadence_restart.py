@@ -9,7 +9,8 @@ import pytest
 from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import Reason
 from exporter.settings.schema import Settings
 from exporter.state import Fleet

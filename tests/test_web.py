@@ -114,6 +114,7 @@ def watched(tmp_path: Path):
         yield config
 
 
+@pytest.mark.real
 def test_health_endpoints_need_no_credentials_the_rest_does(tmp_path: Path, watched: Path) -> None:
     certs = make_certs(tmp_path / "certs")
     web = tmp_path / "web.yml"
@@ -138,6 +139,7 @@ def healthcheck_command(pid: int) -> list[str]:
     return [sys.executable, *command[1:], "--pid", str(pid)]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("tls", [False, True])
 def test_the_docker_healthcheck_passes_with_and_without_tls(tmp_path: Path, watched: Path, tls: bool) -> None:
     certs = make_certs(tmp_path / "certs")
@@ -180,6 +182,7 @@ def client_context(server_ca: Path, client: Certs | None) -> ssl.SSLContext:
     return context
 
 
+@pytest.mark.real
 def test_client_certificates_are_required_and_verified(mtls, tmp_path: Path) -> None:
     process, server_certs, allowed = mtls
     url = process.url("https")
@@ -197,6 +200,7 @@ def test_client_certificates_are_required_and_verified(mtls, tmp_path: Path) -> 
     assert process.process.poll() is None
 
 
+@pytest.mark.real
 def test_client_allowed_sans_admits_only_the_named_clients(tmp_path: Path, watched: Path) -> None:
     server_certs = make_certs(tmp_path / "server")
     allowed = client_certs(tmp_path / "allowed", san="prometheus.example")
@@ -223,6 +227,7 @@ tls_server_config:
         assert process.process.poll() is None
 
 
+@pytest.mark.real
 def test_inline_pem_and_a_blank_header_are_accepted(tmp_path: Path, watched: Path) -> None:
     certs = make_certs(tmp_path / "certs")
 

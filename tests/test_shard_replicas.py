@@ -3,7 +3,8 @@
 Real llama-servers (one plain, one speculating), two `specwatch run` replicas with the same config, a Prometheus
 scraping both under the one `specwatch` job with the repository's rules unchanged, and an Alertmanager with
 examples/alertmanager.yml whose webhooks land in a local receiver. Then one replica goes away (nothing pages; its
-ticket is pending), then the other (SpecwatchFleetUnwatched is pending).
+ticket is pending), then the other (SpecwatchFleetUnwatched is pending). Separately, the pair is rolled as an upgrade
+does it: one replica stopped, started again and known again, then the other; the page stays the one notification.
 
 Timings, with the short intervals below (poll 1s, canary 2s, scrape 1s, evaluation 1s, group_wait 1s,
 group_interval 2s):
@@ -20,40 +21,47 @@ The waits for conditions have generous timeouts for a loaded machine; the counts
 
 from __future__ import annotations
 
-import json
+import contextlib
 import sys
 import time
-import urllib.request
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer, free_port
+from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     REPO,
     Delivery,
     WebhookReceiver,
+    active_alerts,
+    addresses,
     alert_rules,
+    alert_samples_since,
     alertmanager_config,
+    evaluated_since,
     http_ok,
+    prometheus_api,
     prometheus_query,
+    stay_quiet,
     write_yaml,
 )
 from tests.support.chain import alertmanager as chain_alertmanager
 from tests.support.chain import prometheus as chain_prometheus
 from tests.support.chain import prometheus_config as example_prometheus_config
-from tests.support.process import Process, wait_until
+from tests.support.process import Process
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 POLL, CANARY, SCRAPE, EVALUATION, GROUP_WAIT, GROUP_INTERVAL = "1s", "2s", "1s", "1s", "1s", "2s"
 # How long to watch for a delivery that must not come: three group_intervals, and more than that many evaluations.
 QUIET = 6.0
+INTERVAL = float(EVALUATION.removesuffix("s"))
 JOB = "specwatch"
 PAGE = "SpecwatchServingFillInLogprobs"
 UNWATCHED = "SpecwatchFleetUnwatched"
@@ -82,36 +90,6 @@ def prometheus_config(replicas: list[str], alertmanager: str) -> dict:
     return config
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        body = json.loads(response.read())
-    assert body["status"] == "success", body
-    return body["data"]
-
-
-def active_alerts(prometheus: str, alertname: str) -> list[dict]:
-    """Prometheus' pending and firing alerts of one rule (/api/v1/alerts)."""
-    return [a for a in _get(f"{prometheus}/api/v1/alerts")["alerts"] if a["labels"]["alertname"] == alertname]
-
-
-def alerts_group_evaluated_at(prometheus: str) -> float:
-    """Unix time of the last evaluation of the rules' alerting group."""
-    (group,) = [g for g in _get(f"{prometheus}/api/v1/rules")["groups"] if g["name"] == "specwatch.alerts"]
-    return datetime.fromisoformat(group["lastEvaluation"]).timestamp()
-
-
-def evaluated_since(prometheus: str, since: float, times: int) -> Callable[[], bool]:
-    """True once the alerting group has run `times` evaluation intervals after `since` (Unix time)."""
-    interval = float(EVALUATION.removesuffix("s"))
-    return lambda: alerts_group_evaluated_at(prometheus) >= since + times * interval
-
-
-def alert_samples_since(prometheus: str, selector: str, since: float) -> list[dict]:
-    """The ALERTS series matching `selector` with any sample (pending or firing) after `since` (Unix time)."""
-    window = max(1, int((time.time() - since) * 1000))
-    return prometheus_query(prometheus, f"count_over_time(ALERTS{{{selector}}}[{window}ms])")
-
-
 def replicas_reporting(prometheus: str, server: str, verdict: str) -> set[str]:
     """The replicas (instance) whose last scrape says `server` has `verdict`."""
     found = prometheus_query(prometheus, f'specwatch_verdict{{job="{JOB}",server="{server}",verdict="{verdict}"}} == 1')
@@ -129,35 +107,44 @@ def _seconds(duration: str) -> float:
     return float(duration[:-1]) * {"s": 1, "m": 60, "h": 3600}[duration[-1]]
 
 
-def stay_quiet(receiver: WebhookReceiver, seconds: float, deliveries: int) -> None:
-    """Watch the receiver for `seconds`; fail at once if a delivery beyond the first `deliveries` arrives."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if len(receiver.deliveries) != deliveries:
-            break
-        time.sleep(0.2)
-    extra = [(d.path, d.body.get("status"), [a["labels"] for a in d.body.get("alerts", [])])
-             for d in receiver.deliveries[deliveries:]]
-    assert extra == [], f"notifications beyond the first {deliveries}: {extra}"
-
-
 def test_the_sharding_guide_recommends_the_checks_proven_here() -> None:
     guide = (REPO / "docs" / "sharding.md").read_text(encoding="utf-8")
     assert UNWATCHED_SERVERS in guide
     assert WATCHERS in guide
 
 
-def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> None:
+@dataclass
+class Pair:
+    """Two replicas (a, b) watching a plain and a speculating llama-server, with Prometheus, Alertmanager, a webhook."""
+
+    a: str
+    b: str
+    replicas: dict[str, Process]
+    prometheus: str
+    prometheus_process: Process
+    alertmanager: Process
+    receiver: WebhookReceiver
+    began: float
+    """Unix time every process was ready."""
+    ready: float
+    """Monotonic time of the same moment."""
+
+    @property
+    def processes(self) -> list[Process]:
+        return [*self.replicas.values(), self.alertmanager, self.prometheus_process]
+
+    def running(self) -> list[Process]:
+        return [p for p in self.processes if p.exited() is None]
+
+
+@contextlib.contextmanager
+def ha_pair(tmp_path: Path) -> Iterator[Pair]:
     model = write_cycle_model(tmp_path / "cycle.gguf")
     plain = LlamaServer.of_kind("plain", model, log_dir=tmp_path)
     draft = LlamaServer.of_kind("draft", model, log_dir=tmp_path)
     receiver = WebhookReceiver().start()
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(free_port())
-    a, b, prometheus_address, alertmanager_address = (f"127.0.0.1:{port}" for port in sorted(ports))
+    a, b, prometheus_address, alertmanager_address = addresses(4, plain.port, draft.port)
     prometheus = f"http://{prometheus_address}"
-    started = time.monotonic()
     processes: list[Process] = []
     try:
         plain.start()
@@ -166,8 +153,8 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         replicas = {address: Process(f"specwatch-{name}", [
             sys.executable, "-m", "exporter", "run", "--config", config, "--listen", address,
         ], tmp_path) for name, address in (("a", a), ("b", b))}
-        alertmanager = chain_alertmanager(tmp_path, write_yaml(tmp_path / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)),
-                                          alertmanager_address)
+        alertmanager = chain_alertmanager(tmp_path, write_yaml(tmp_path / "alertmanager.yml", alertmanager_config(
+            receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)), alertmanager_address)
         prometheus_process = chain_prometheus(
             tmp_path, write_yaml(tmp_path / "prometheus.yml", prometheus_config([a, b], alertmanager_address)), prometheus_address)
         processes = [*replicas.values(), alertmanager, prometheus_process]
@@ -176,10 +163,24 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         wait_until("both replicas, Alertmanager and Prometheus to be ready", lambda: all(http_ok(url) for url in (
             f"http://{a}/-/ready", f"http://{b}/-/ready", f"http://{alertmanager_address}/-/ready",
             f"{prometheus}/-/ready")), timeout=30, processes=processes)
-        test_began, ready = time.time(), time.monotonic()
+        yield Pair(a, b, replicas, prometheus, prometheus_process, alertmanager, receiver, time.time(), time.monotonic())
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        draft.stop()
+        plain.stop()
+        receiver.stop()
+
+
+def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with ha_pair(tmp_path) as pair:
+        a, b, replicas, prometheus, receiver = pair.a, pair.b, pair.replicas, pair.prometheus, pair.receiver
+        alertmanager, prometheus_process, processes = pair.alertmanager, pair.prometheus_process, pair.processes
+        test_began, ready = pair.began, pair.ready
 
         # Prometheus runs the repository's alerts as they are: same names, for: and labels.
-        loaded = {rule["name"]: (rule["duration"], rule["labels"]) for group in _get(f"{prometheus}/api/v1/rules")[
+        loaded = {rule["name"]: (rule["duration"], rule["labels"]) for group in prometheus_api(prometheus, "/api/v1/rules")[
             "groups"] for rule in group["rules"] if rule["type"] == "alerting"}
         assert loaded == {rule["alert"]: (_seconds(rule.get("for", "0s")), rule["labels"]) for rule in alert_rules()}
 
@@ -191,14 +192,14 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
                    "Prometheus", lambda: replicas_reporting(prometheus, "draft", "fill_ins") == {a, b}
                    and replicas_reporting(prometheus, "plain", "clean") == {a, b}, timeout=30, processes=processes)
         both_proved = time.time()
-        wait_until("a few evaluations after both proofs", evaluated_since(prometheus, both_proved, 3), timeout=30,
+        wait_until("a few evaluations after both proofs", evaluated_since(prometheus, both_proved, 3, INTERVAL), timeout=30,
                    processes=processes)
         stay_quiet(receiver, QUIET, deliveries=1)
 
         assert first.path == "/specwatch-page"
         assert first.body["receiver"] == "specwatch-page"
         assert first.body["status"] == "firing"
-        assert first.body["groupLabels"] == {"alertname": PAGE, "job": JOB}
+        assert first.body["groupLabels"] == {"alertname": PAGE, "job": JOB, "server": "draft"}
         # One alert without instance: the rule merges the two replicas' series, so the server is listed once.
         assert [(x["status"], x["labels"]) for x in first.body["alerts"]] == [
             ("firing", {"alertname": PAGE, "severity": "critical", "job": JOB, "server": "draft", **LABELS})]
@@ -215,7 +216,7 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         assert [(x["labels"]["instance"], x["labels"]["severity"], x["state"]) for x in down] == [
             (a, "warning", "pending")]
         wait_until("a few evaluations after the replica's series went stale", evaluated_since(
-            prometheus, time.time(), 3), timeout=30, processes=[replicas[b], prometheus_process])
+            prometheus, time.time(), 3, INTERVAL), timeout=30, processes=[replicas[b], prometheus_process])
         assert alert_samples_since(prometheus, f'alertname="{UNWATCHED}"', stopped_one) == []
         assert active_alerts(prometheus, UNWATCHED) == []
         assert [(x["state"], x["labels"]["server"]) for x in active_alerts(prometheus, PAGE)] == [("firing", "draft")]
@@ -241,9 +242,62 @@ def test_two_replicas_page_once_and_losing_one_pages_nothing(tmp_path: Path) -> 
         listed = [(x["labels"]["alertname"], x["labels"]["server"]) for d in receiver.deliveries for x in d.body["alerts"]]
         print(f"\ntwo replicas: {len(receiver.deliveries)} notification(s) {listed} at the webhook, the page "
               f"{paged:.1f}s after every process was ready; {time.monotonic() - started:.0f}s in all")
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        draft.stop()
-        plain.stop()
-        receiver.stop()
+
+
+def _page_started(prometheus: str) -> list[tuple[str, str, str]]:
+    """The page's alerts in Prometheus as (server, state, activeAt): a resolve and re-fire would give a new activeAt."""
+    return [(x["labels"]["server"], x["state"], x["activeAt"]) for x in active_alerts(prometheus, PAGE)]
+
+
+def test_rolling_the_replicas_one_at_a_time_pages_nothing_new(tmp_path: Path) -> None:
+    """The HA pair rolled as an upgrade does it: a stopped, started again, known again; then b the same way."""
+    started = time.monotonic()
+    with ha_pair(tmp_path) as pair:
+        prometheus, receiver = pair.prometheus, pair.receiver
+        wait_until("the fill-in page", lambda: next(iter(receiver.deliveries), None), timeout=45, processes=pair.processes)
+
+        def both_know() -> bool:
+            return (replicas_reporting(prometheus, "draft", "fill_ins") == {pair.a, pair.b}
+                    and replicas_reporting(prometheus, "plain", "clean") == {pair.a, pair.b})
+
+        wait_until("both replicas' verdicts in Prometheus", both_know, timeout=30, processes=pair.processes)
+        page = _page_started(prometheus)
+        assert [(server, state) for server, state, _ in page] == [("draft", "firing")]
+        roll_began = time.time()
+
+        rolled: list[str] = []
+        for address in (pair.a, pair.b):
+            replica = pair.replicas[address]
+            replica.stop()
+            stopped = time.monotonic()
+            wait_until(f"Prometheus to see {address} down", lambda address=address: prometheus_query(
+                prometheus, f'up{{job="{JOB}",instance="{address}"}} == 0'), timeout=30, processes=pair.running())
+            # A few evaluations without the replica: its series are stale, as in a real roll.
+            wait_until("a few evaluations without it", evaluated_since(prometheus, time.time(), 3, INTERVAL), timeout=30,
+                       processes=pair.running())
+            replica.start()
+            back = time.monotonic()
+            wait_until(f"{address} to know both verdicts again, in Prometheus", both_know, timeout=30,
+                       processes=pair.processes)
+            rolled.append(f"{address} away {back - stopped:.1f}s, known again in Prometheus {time.monotonic() - back:.1f}s "
+                          "after its start")
+            assert _page_started(prometheus) == page, "the page resolved or restarted while a replica was away"
+
+        wait_until("a few evaluations after the roll", evaluated_since(prometheus, time.time(), 3, INTERVAL), timeout=30,
+                   processes=pair.processes)
+        stay_quiet(receiver, QUIET, deliveries=1)
+
+        # One notification for the incident, the page, before the roll; no resolved one, no second page.
+        assert receiver.sequence(pair.ready)[0][1:] == ("/specwatch-page", "firing", [(PAGE, "draft", "firing")])
+        assert len(receiver.deliveries) == 1
+        assert _page_started(prometheus) == page
+        # The plain server raised nothing, not even a pending ticket: the twin's clean verdict covered each gap.
+        assert alert_samples_since(prometheus, 'server="plain"', pair.began) == []
+        # (Prometheus' own start, before its first scrape of either replica, is outside this window.)
+        assert alert_samples_since(prometheus, f'alertname="{UNWATCHED}"', roll_began) == []
+        # Each replica's ExporterDown went pending while it was away, and nothing but the page fired.
+        assert {x["metric"]["instance"] for x in alert_samples_since(
+            prometheus, f'alertname="{EXPORTER_DOWN}",alertstate="pending"', roll_began)} == {pair.a, pair.b}
+        assert [x["metric"]["alertname"] for x in alert_samples_since(prometheus, 'alertstate="firing"', pair.began)] == [PAGE]
+        print(f"\nrolled HA pair: {'; '.join(rolled)}; webhook: {receiver.sequence(pair.ready)}; "
+              f"{time.monotonic() - started:.0f}s in all")

@@ -12,7 +12,8 @@ from exporter.demo.llamaserver import LlamaServer, free_port
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.chain import EXAMPLES, RULES, http_ok, prometheus_query
 from tests.support.chain import prometheus as chain_prometheus
-from tests.support.process import ExporterProcess, wait_until
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.real
 

@@ -7,13 +7,16 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 
+@pytest.mark.real
 def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_path: Path) -> None:
     with FaultServer(FakeLlama.plain(tokens=8)) as llama:
         config = tmp_path / "specwatch.yml"
@@ -21,11 +24,11 @@ def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_
         with ExporterProcess("--config", str(config)) as exporter:
             exporter.wait_started()
             metrics = f"{exporter.url()}/metrics"
-            wait_for(lambda: value(scrape(metrics), "specwatch_up", server="a") == 1, 15, "a up", alive=exporter.process)
+            wait_until("a up", lambda: value(scrape(metrics), "specwatch_up", server="a") == 1, timeout=15, alive=exporter.process)
 
             config.write_text("")  # : > specwatch.yml
             exporter.signal(signal.SIGHUP)
-            wait_for(lambda: any(e.get("event") == "reload_failed" for e in exporter.events()), 15, "the reload to be refused")
+            wait_until("the reload to be refused", lambda: any(e.get("event") == "reload_failed" for e in exporter.events()), timeout=15)
             [failed] = [e for e in exporter.events() if e.get("event") == "reload_failed"]
             assert "lists no servers" in failed["error"]
             found = scrape(metrics)
@@ -37,9 +40,10 @@ def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_
             answer = httpx.post(f"{exporter.url()}/-/reload", timeout=30)
             assert answer.status_code == 500 and "lists no servers" in answer.text
             before = llama.count("/props")
-            wait_for(lambda: llama.count("/props") > before, 15, "a to be polled still", alive=exporter.process)
+            wait_until("a to be polled still", lambda: llama.count("/props") > before, timeout=15, alive=exporter.process)
 
 
+@pytest.mark.real
 def test_no_config_at_all_logs_a_warning_with_the_way_out(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SPECWATCH_")}
     env["SPECWATCH_POLL_INTERVALL"] = "30s"
@@ -52,5 +56,4 @@ def test_no_config_at_all_logs_a_warning_with_the_way_out(tmp_path: Path) -> Non
         [warning] = [e for e in events if e.get("event") == "config_warning"]
         assert "SPECWATCH_POLL_INTERVALL" in warning["warning"] and "SPECWATCH_POLL_INTERVAL?" in warning["warning"]
         exporter.signal(signal.SIGHUP)
-        wait_for(lambda: sum(e.get("event") == "config_warning" for e in exporter.events()) == 2, 15,
-                 "the warning again on reload", alive=exporter.process)
+        wait_until("the warning again on reload", lambda: sum(e.get("event") == "config_warning" for e in exporter.events()) == 2, timeout=15, alive=exporter.process)

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure, Reason
 
 OK = json.dumps({"status": "ok"}).encode()

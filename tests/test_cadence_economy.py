@@ -17,11 +17,13 @@ from exporter.daemon.watch import Watcher
 from exporter.demo.llamaserver import LlamaServer
 from exporter.demo.tinymodel import write_cycle_model
 from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.settings.schema import Settings
 from exporter.state import Fleet, ModelState
 from exporter.verdict import Verdict
 from tests.support.router import PREDICTED, ROUTER_MODEL, Router, counters
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.real
 
@@ -71,13 +73,9 @@ def _model(watcher: Watcher, name: str) -> ModelState | None:
     return next(iter(state.models.values()), None) if state.router else state.model()
 
 
-async def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Wait for `condition`; the monotonic time it was first seen true."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        await asyncio.sleep(0.05)
+async def _seen(what: str, condition: Callable[[], bool], *, timeout: float) -> float:
+    """When `condition` was first seen true (monotonic seconds)."""
+    await wait_until_async(what, condition, timeout=timeout)
     return time.monotonic()
 
 
@@ -101,18 +99,17 @@ async def test_a_restart_with_a_draft_model_is_canaried_at_the_next_poll_not_the
         # A canary interval of an hour: only the change seen by the poll can canary the restarted server.
         async with watching(servers=[{"name": "target", "url": plain.url}], poll_interval=f"{poll:g}s",
                             canary_interval="1h") as (watcher, _):
-            await until(lambda: _verdict(watcher, "target") is Verdict.CLEAN and _round_done(watcher, "target"), 30,
-                        "the first full round on the plain server")
+            await wait_until_async("the first full round on the plain server", lambda: _verdict(watcher, "target") is Verdict.CLEAN and _round_done(watcher, "target"), timeout=30)
             assert _model(watcher, "target").canary_outcomes["success"] == len(Endpoint)
 
             await asyncio.to_thread(plain.stop)
             restarted = _server(model, DRAFT, tmp_path, port=plain.port)
             await asyncio.to_thread(restarted.start)  # returns at its first /health 200
             answered = time.monotonic()
-            caught = await until(lambda: _verdict(watcher, "target") is Verdict.FILL_INS, 30, "fill_ins after the restart")
+            caught = await _seen("fill_ins after the restart", lambda: _verdict(watcher, "target") is Verdict.FILL_INS, timeout=30)
             assert caught - answered <= 2 * poll + CANARY_ALLOWANCE, f"caught {caught - answered:.1f}s after /health"
 
-            await until(lambda: _round_done(watcher, "target"), 30, "the round after the restart")
+            await wait_until_async("the round after the restart", lambda: _round_done(watcher, "target"), timeout=30)
             settings = watcher.settings
             # One round of every endpoint at the speculating size, and nothing else: the server's own count.
             predicted = (await asyncio.to_thread(counters, restarted.url))[PREDICTED]
@@ -132,7 +129,7 @@ async def test_a_steady_server_stays_within_its_canary_budget(model: Path, tmp_p
         async with watching(servers=[{"name": "plain", "url": plain.url}, {"name": "draft", "url": draft.url}],
                             poll_interval=f"{poll:g}s", canary_interval=f"{interval:g}s") as (watcher, schedule):
             for name in ("plain", "draft"):
-                await until(lambda n=name: _verdict(watcher, n) not in (None, Verdict.UNCHECKED), 30, f"{name} verdict")
+                await wait_until_async(f"{name} verdict", lambda n=name: _verdict(watcher, n) not in (None, Verdict.UNCHECKED), timeout=30)
             await asyncio.sleep(interval)  # the first full round (and a second pass, if one runs) is over
             before = {s.url: (await asyncio.to_thread(counters, s.url))[PREDICTED] for s in (plain, draft)}
             await asyncio.sleep(window)
@@ -169,7 +166,7 @@ async def test_every_speculation_type_is_caught_at_the_default_sizes_and_a_plain
             settings = watcher.settings
             assert (settings.canary_tokens, settings.canary_tokens_speculating) == (8, 32)  # the defaults
             for name in servers:
-                await until(lambda n=name: _round_done(watcher, n), 30, f"a full round on {name}")
+                await wait_until_async(f"a full round on {name}", lambda n=name: _round_done(watcher, n), timeout=30)
             first = {name: dict(_model(watcher, name).canaries) for name in servers}
             for name in SPECULATION:
                 assert _verdict(watcher, name) is Verdict.FILL_INS, (name, _model(watcher, name).decision.summary)
@@ -206,11 +203,10 @@ async def test_a_router_model_reloaded_with_speculation_is_canaried_at_the_next_
         await asyncio.to_thread(router.load)
         async with watching(servers=[{"name": "router", "url": router.url}], poll_interval=f"{poll:g}s",
                             canary_interval="1h") as (watcher, _):
-            await until(lambda: _verdict(watcher, "router") is Verdict.CLEAN and _round_done(watcher, "router"), 30,
-                        "the first full round on the router model")
+            await wait_until_async("the first full round on the router model", lambda: _verdict(watcher, "router") is Verdict.CLEAN and _round_done(watcher, "router"), timeout=30)
             # The preset now gives the model a draft; the router re-reads it, unloads the model, and a client loads it.
             answered = await asyncio.to_thread(router.reload_with, [a.replace("{model}", str(model)) for a in DRAFT])
-            caught = await until(lambda: _verdict(watcher, "router") is Verdict.FILL_INS, 30, "fill_ins after the reload")
+            caught = await _seen("fill_ins after the reload", lambda: _verdict(watcher, "router") is Verdict.FILL_INS, timeout=30)
             assert caught - answered <= 2 * poll + CANARY_ALLOWANCE, f"caught {caught - answered:.1f}s after loading"
             assert _model(watcher, "router").model == ROUTER_MODEL
     finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import exporter.probe.fetch
+import exporter.probe.client
 from exporter.daemon import logs
 from exporter.daemon.run import Daemon
 from exporter.settings.loading import load_settings
@@ -67,7 +67,7 @@ def _held(daemon: Daemon) -> dict[str, int]:
 @pytest.mark.usefixtures("restored_logging")
 async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An hour of reloads and discovery changes, compressed: pools idle for a second are closed, as after a minute.
-    monkeypatch.setattr(exporter.probe.fetch, "IDLE_POOL_SECONDS", 1.0)
+    monkeypatch.setattr(exporter.probe.client, "IDLE_POOL_SECONDS", 1.0)
     with open(os.devnull, "w") as quiet, SimFleetThread(FleetOptions(servers=8, latency_ms=1.0, spec_share=0.5)) as fleet:
         logs.configure("warning", json=True, stream=quiet)
         urls = [s.url for s in fleet.servers]

@@ -15,7 +15,8 @@ import pytest
 from exporter.demo.llamaserver import LlamaRouter, router_preset
 from exporter.demo.tinymodel import write_cycle_model
 from tests.support.metrics import find, scrape
-from tests.support.process import ExporterProcess, wait_for
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.real
 
@@ -81,8 +82,7 @@ def test_the_daemon_given_only_the_router_url(router: LlamaRouter, tmp_path: Pat
                 found[model] = on[0] if on else None
             return found
 
-        wait_for(lambda: verdicts() == {"plain": "clean", "draft": "fill_ins", "cold": "unchecked"}, 60,
-                 "the router's verdicts", alive=exporter.process)
+        wait_until("the router's verdicts", lambda: verdicts() == {"plain": "clean", "draft": "fill_ins", "cold": "unchecked"}, timeout=60, alive=exporter.process)
         samples = scrape(metrics)
         assert find(samples, "specwatch_model_loaded", server="router", model="cold") == 0
         assert find(samples, "specwatch_model_loaded", server="router", model="draft") == 1
@@ -154,8 +154,7 @@ def test_a_router_model_still_loading_answers_503_through_the_router(tmp_path: P
     with LlamaRouter(preset, models_max=1, log_dir=tmp_path) as stuck_router:
         httpx.post(f"{stuck_router.url}/models/load", json={"model": "stuck"}, timeout=30).raise_for_status()
         loading = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
-        wait_for(lambda: answer("/props?model=stuck&autoload=false") == (503, loading), 30,
-                 "the child's 503 through the router")
+        wait_until("the child's 503 through the router", lambda: answer("/props?model=stuck&autoload=false") == (503, loading), timeout=30)
         assert answer("/slots?model=stuck&autoload=false") == (503, loading)
         assert answer("/health?model=stuck&autoload=false") == (200, {"status": "ok"})
         assert stuck_router.status("stuck") == "loading"

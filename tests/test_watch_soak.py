@@ -21,7 +21,8 @@ from exporter.daemon.exposition.registry import SpecwatchCollector
 from exporter.daemon.exposition.samples import ExporterStatus
 from exporter.daemon.schedule import Schedule
 from exporter.daemon.watch import Watcher
-from exporter.probe.fetch import Fetcher, new_client
+from exporter.probe.client import new_client
+from exporter.probe.fetch import Fetcher
 from exporter.reasons import Reason
 from exporter.settings.schema import Settings
 from exporter.state import Fleet
@@ -90,6 +91,7 @@ def production_logging():
     structlog.configure(**saved)
 
 
+@pytest.mark.real
 async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> None:
     fleet_process, ports = start_chaos_fleet()
     client = new_client()

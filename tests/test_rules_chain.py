@@ -31,7 +31,8 @@ from tests.support.chain import prometheus as chain_prometheus
 from tests.support.chain import prometheus_config as example_prometheus_config
 from tests.support.faults import Status
 from tests.support.loopback import FaultServer
-from tests.support.process import Process, wait_until
+from tests.support.process import Process
+from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama
 
 pytestmark = pytest.mark.real

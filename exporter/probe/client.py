@@ -1,0 +1,146 @@
+"""The one HTTP client a process shares: a small connection pool per server, no redirects, proxies or cookies."""
+
+from __future__ import annotations
+
+import ssl
+import time
+
+import httpcore
+import httpx
+
+from exporter.probe.asyncnet import AsyncioBackend
+
+USER_AGENT = "specwatch"
+LLAMA_KEEPALIVE_SECONDS = 5.0
+CONNECTIONS_PER_SERVER = 4
+IDLE_POOL_SECONDS = 60.0
+"""A server's pool unused this long is closed (a new one costs microseconds): servers dropped by a reload or by
+discovery leave no pool, and no half-closed sockets, behind."""
+_BACKEND = AsyncioBackend()
+
+
+class _ServerPool(httpx.AsyncHTTPTransport):
+    """httpx's transport over one httpcore pool whose connections run on asyncio directly (see asyncnet)."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, limits: httpx.Limits) -> None:  # its own pool: no super().__init__()
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context, max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            http1=True, http2=False, network_backend=_BACKEND,
+        )
+
+
+class PerServerTransport(httpx.AsyncBaseTransport):
+    """A small connection pool per server origin, found by a dict lookup.
+
+    httpcore's pool scans every pooled connection, and counts the idle ones for each of them, whenever a
+    request starts or ends: one fleet-wide pool of 64 connections cost about 2 ms of CPU per request.
+    Per-origin pools keep that scan to a connection or two and let each server's connection be reused.
+    """
+
+    def __init__(
+        self, *, verify: bool | ssl.SSLContext, per_server: int, keepalive_expiry: float, max_servers: int = 20_000
+    ) -> None:
+        self._verify = verify
+        self._max_servers = max_servers
+        self._limits = httpx.Limits(
+            max_connections=per_server, max_keepalive_connections=per_server, keepalive_expiry=keepalive_expiry
+        )
+        self._pools: dict[tuple[bytes, bytes, int | None], _ServerPool] = {}
+        self._used: dict[tuple[bytes, bytes, int | None], float] = {}
+        self._swept = 0.0
+        self._unused_ssl: ssl.SSLContext | None = None
+
+    def _ssl_context(self, scheme: bytes) -> ssl.SSLContext:
+        # A context costs memory and, when it verifies, a CA bundle load: one serves every pool.
+        if scheme != b"https":
+            if self._unused_ssl is None:
+                self._unused_ssl = httpx.create_ssl_context(verify=False)
+            return self._unused_ssl
+        if not isinstance(self._verify, ssl.SSLContext):
+            self._verify = httpx.create_ssl_context(verify=self._verify)
+        return self._verify
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        origin = (url.raw_scheme, url.raw_host, url.port)
+        pool = self._pools.pop(origin, None)
+        if pool is None:
+            pool = _ServerPool(self._ssl_context(url.raw_scheme), self._limits)
+            if len(self._pools) >= self._max_servers:
+                # Servers dropped by a reload are the least recently used: close their pools.
+                stale = next(iter(self._pools))
+                self._used.pop(stale, None)
+                await self._pools.pop(stale).aclose()
+        self._pools[origin] = pool  # re-inserted last: the dict's order is least recently used first
+        now = time.monotonic()
+        self._used[origin] = now
+        if now - self._swept >= IDLE_POOL_SECONDS / 4:
+            self._swept = now
+            await self._close_idle(now - IDLE_POOL_SECONDS)
+        return await pool.handle_async_request(request)
+
+    async def _close_idle(self, before: float) -> None:
+        """Close the pools unused since `before` whose connections are all idle; the oldest come first."""
+        for origin in list(self._pools):
+            if self._used.get(origin, 0.0) >= before:
+                break
+            pool = self._pools[origin]
+            if all(connection.is_idle() or connection.is_closed() for connection in pool._pool.connections):
+                del self._pools[origin]
+                self._used.pop(origin, None)
+                await pool.aclose()
+
+    def __len__(self) -> int:
+        """Pools held: one per server origin used within IDLE_POOL_SECONDS, at most."""
+        return len(self._pools)
+
+    async def aclose(self) -> None:
+        pools, self._pools = self._pools, {}
+        self._used.clear()
+        for pool in pools.values():
+            await pool.aclose()
+
+
+class _NoCookies(httpx.Cookies):
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+
+_NO_COOKIES = _NoCookies()
+
+
+class _CookielessClient(httpx.AsyncClient):
+    """A client without a cookie jar.
+
+    llama-server sets no cookies, and a jar would hand one server's cookie to every other server on the
+    same host, as cookies ignore ports. Skipping it also saves httpx's per-response cookie extraction,
+    which builds a urllib request from each response: about 5% of a 1,000-server daemon's CPU.
+    """
+
+    @property  # type: ignore[override]
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, cookies: object) -> None:
+        pass  # nothing to keep: httpx assigns the constructor's (empty) cookies here
+
+
+def new_client(*, verify: bool | ssl.SSLContext = True) -> httpx.AsyncClient:
+    """The one client a process shares: a small connection pool per server, no redirects, no proxies from the env.
+
+    The watcher probes a server with at most one poll and one canary at a time, so a few connections per server
+    always suffice; the watcher's semaphore bounds the total, and can change on reload without a new client.
+    """
+    # llama-server closes a connection idle for 5 s (it answers "Keep-Alive: timeout=5"); reusing one near that
+    # moment races its close and fails the request as a reset, so idle connections are given up a second earlier.
+    transport = PerServerTransport(
+        verify=verify, per_server=CONNECTIONS_PER_SERVER, keepalive_expiry=LLAMA_KEEPALIVE_SECONDS - 1.0
+    )
+    return _CookielessClient(
+        follow_redirects=False,
+        trust_env=False,
+        transport=transport,
+        headers={"User-Agent": USER_AGENT},
+    )

@@ -1,0 +1,113 @@
+"""The eval tools the README's recipes run in, installed from their registries into a cache of their own, once."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from tests.support.llamabuild import cache_root
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PROMPTFOO = "0.121.20"
+"""The last promptfoo whose engines take Node.js 20 (`^20.20.0 || >=22.22.0`); 0.122 and later need 22.22."""
+DEEPEVAL = "4.3.1"
+INSPECT_AI = "0.3.285"
+OPENAI = "3.57.0"
+"""inspect_ai's openai-api provider needs the OpenAI SDK, which inspect_ai does not require itself."""
+INSTALL_TIMEOUT = 1800.0
+
+
+def cache() -> Path:
+    return cache_root() / "recipes"
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[Path]:
+    """The cache entry `name`, held against another test run making or using it at the same time."""
+    home = cache() / name
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield home
+
+
+def _run(command: Sequence[str | Path], what: str, **kw: object) -> None:
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=INSTALL_TIMEOUT, **kw)
+    if result.returncode != 0:
+        raise AssertionError(f"{what} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
+def _made_once(home: Path, make: Callable[[Path], None]) -> Path:
+    """`home` as `make` leaves it; a half-made one (an interrupted run) is made again."""
+    ready = home / ".ready"
+    if not ready.exists():
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        make(home)
+        ready.write_text("ok\n")
+    return home
+
+
+def runtime_requirements() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def python_tool(home: Path, requirements: Sequence[str]) -> Path:
+    """A virtual environment at `home` with `requirements` from PyPI; its python."""
+
+    def make(where: Path) -> None:
+        _run([sys.executable, "-m", "venv", where / "venv"], "creating a virtual environment")
+        _run([where / "venv" / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", *requirements],
+             f"pip install {' '.join(requirements)}")
+
+    return _made_once(home, make) / "venv" / "bin" / "python"
+
+
+def npm_tool(home: Path, package: str) -> Path:
+    """`package` installed from the npm registry into `home`; its node_modules/.bin."""
+
+    def make(where: Path) -> None:
+        (where / "package.json").write_text('{"private": true}\n')
+        _run(["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", package], f"npm install {package}", cwd=where)
+
+    return _made_once(home, make) / "node_modules" / ".bin"
+
+
+def specwatch_install(target: Path) -> Path:
+    """This checkout built as a wheel and installed into `target` (for PYTHONPATH): its code, and its entry points."""
+    source = target.parent / "source"
+    shutil.copytree(ROOT / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    wheels = target.parent / "wheels"
+    # A copy, so that the build leaves no egg-info in the checkout: pytest would find its entry points there.
+    _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "-w", wheels, source],
+         "building the specwatch wheel")
+    (wheel,) = wheels.glob("specwatch-*.whl")
+    _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", "--target", target, wheel],
+         "installing the specwatch wheel")
+    return target
+
+
+def specwatch_command(bin_dir: Path, site: Path) -> Path:
+    """A `specwatch` command in `bin_dir` that runs this checkout's code, for recipes that call it by name."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    command = bin_dir / "specwatch"
+    command.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" -m exporter "$@"\n')
+    command.chmod(0o755)
+    return command
+
+
+def environment(path: Sequence[Path], **variables: str) -> dict[str, str]:
+    """This process's environment with `path` first on PATH and no PYTHONPATH of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = os.pathsep.join([*(str(p) for p in path), env.get("PATH", "")])
+    env.update(variables)
+    return env

@@ -1,0 +1,158 @@
+"""The package's architecture as the README states it: layers whose imports point down, one home for prometheus_client."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "exporter"
+MAX_LINES = 450
+
+# Bottom first. A module may import from its own layer and those below, never above; within a layer the imports
+# form no cycle. Every module has a layer, so a new one is placed on purpose.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("exporter", "exporter.reasons", "exporter.durations", "exporter.filestamp", "exporter.problems"),
+    ("exporter.probe", "exporter.probe.*"),
+    ("exporter.verdict",),
+    ("exporter.settings", "exporter.settings.*"),
+    ("exporter.state", "exporter.report", "exporter.runner", "exporter.oneserver", "exporter.audit", "exporter.saved"),
+    ("exporter.check", "exporter.ask"),
+    ("exporter.daemon", "exporter.daemon.*"),
+    ("exporter.demo", "exporter.demo.*"),
+    ("exporter.cli", "exporter.__main__", "exporter.pytest_plugin"),
+)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, by its full name (relative imports resolved; TYPE_CHECKING ones included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def layer_of(module: str) -> int:
+    for index, members in enumerate(LAYERS):
+        for member in members:
+            if module == member or (member.endswith(".*") and module.startswith(member[:-1])):
+                return index
+    raise KeyError(module)
+
+
+def _internal(module: str, modules: dict[str, Path]) -> set[str]:
+    """The package's own modules that `module` imports (a name imported from a package counts as that package)."""
+    return {name for name in _imports(modules[module]) if name in modules and name != module}
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = []
+    for module in _modules():
+        try:
+            layer_of(module)
+        except KeyError:
+            unplaced.append(module)
+    assert unplaced == [], "place each module in LAYERS (and in the README's listing)"
+
+
+def test_imports_point_down() -> None:
+    modules = _modules()
+    upward = [(module, imported) for module in modules for imported in _internal(module, modules)
+              if layer_of(imported) > layer_of(module)]
+    assert upward == []
+
+
+def test_the_imports_have_no_cycle() -> None:
+    modules = _modules()
+    graph = {module: _internal(module, modules) for module in modules}
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(graph[module]):
+            if state.get(imported) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join([*path, module, imported])}")
+            if imported not in state:
+                visit(imported, [*path, module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+def _importers_of(prefix: str) -> set[str]:
+    return {module for module, path in _modules().items()
+            if any(name == prefix or name.startswith(prefix + ".") for name in _imports(path))}
+
+
+def test_only_the_exposition_imports_prometheus_client_in_the_runtime() -> None:
+    importers = _importers_of("prometheus_client")
+    # The demo reads /metrics with prometheus_client's text parser, as a user would; it is not part of `run` or `check`.
+    assert importers, "the exposition imports prometheus_client"
+    assert {m for m in importers if not m.startswith(("exporter.daemon.exposition.", "exporter.demo"))} == set()
+
+
+def test_probes_know_no_settings_and_no_metrics_and_settings_know_no_http() -> None:
+    for module in _modules():
+        imported = _imports(_modules()[module])
+        if module.startswith("exporter.probe"):
+            assert not any(n.startswith(("exporter.settings", "prometheus_client", "exporter.daemon")) for n in imported), module
+        if module.startswith("exporter.settings"):
+            assert not any(n.startswith(("httpx", "httpcore", "exporter.probe.fetch", "exporter.probe.client"))
+                           for n in imported), module
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_no_runtime_module_is_over_450_lines(module: str) -> None:
+    lines = len(_modules()[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by job before adding to it"
+
+
+def _readme_listing() -> list[str]:
+    """The modules and packages the README's architecture block names, top to bottom."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("The package shows its architecture", 1)[1].split("```", 2)[1]
+    listed: list[str] = []
+    folders: list[tuple[int, str]] = []  # (indent, dotted package) of the folders enclosing the current line
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        names = line.strip().split("  ", 1)[0]
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        parent = folders[-1][1] if folders else ""
+        for entry in (n.strip() for n in names.split(",")):
+            if entry.endswith("/"):
+                dotted = entry.rstrip("/") if not parent else f"{parent}.{entry.rstrip('/')}"
+                folders.append((indent, dotted))
+                if parent:
+                    listed.append(dotted)
+            elif entry.endswith(".py"):
+                module = f"{parent}.{entry.removesuffix('.py')}".removesuffix(".__init__")
+                listed.append(module)
+    return listed
+
+
+def test_the_readme_lists_the_package_as_it_is_layered() -> None:
+    """The README's listing names every module, and goes from the top layer down."""
+    listed, modules = _readme_listing(), _modules()
+    assert [m for m in listed if m not in modules] == [], "the README lists modules that do not exist"
+    assert sorted(set(modules) - set(listed) - {"exporter"}) == [], "the README's listing misses modules"
+    placed = [(m, layer_of(m)) for m in listed]
+    assert [layer for _, layer in placed] == sorted((layer for _, layer in placed), reverse=True), placed
