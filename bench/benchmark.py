@@ -91,10 +91,25 @@ class Row:
     requests: int
     connections: int
     ok: str = ""
+    every: float | None = None
+    """Seconds after which this CPU recurs for every server (a poll cycle: poll_interval; the daemon: its window), so
+    that it becomes a standing cost per watched server; None where it does not recur as measured (a canary cycle)."""
 
     @property
     def per_request_ms(self) -> float:
         return 1000 * self.cpu / self.requests if self.requests else float("nan")
+
+    @property
+    def per_server_minute_ms(self) -> float | None:
+        """Milliseconds of CPU per watched server per minute: what a poll of fewer requests changes."""
+        if self.every is None or not self.servers or self.every <= 0:
+            return None
+        return 1000 * self.cpu / self.servers * 60 / self.every
+
+
+def core_per_thousand(ms_per_server_minute: float) -> float:
+    """Share of one core (as a percentage) that 1,000 servers cost at this many ms of CPU per server-minute."""
+    return 100 * ms_per_server_minute * 1000 / 60_000
 
 
 @dataclass
@@ -117,12 +132,13 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict
     """Poll and canary cycles over the whole fleet, driven through the daemon's own Watcher."""
     from exporter.daemon.cadence import Round
     from exporter.daemon.run import Daemon
-    from exporter.probe.canary import Endpoint
+    from exporter.probe.canary import TABLE, Endpoint
     from exporter.settings.loading import load_settings
 
-    daemon = Daemon(config, load_settings(config))
+    settings = load_settings(config)
+    daemon = Daemon(config, settings)
     names = [s.config.name for s in daemon.fleet.snapshot()]
-    out: dict[str, Any] = {"servers": len(names)}
+    out: dict[str, Any] = {"servers": len(names), "poll_interval": settings.poll_interval}
     with contextlib.suppress(ImportError):  # what Daemon.run() does once started, where the daemon does it
         from exporter.daemon import memory
 
@@ -146,8 +162,8 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict
     await asyncio.sleep(keepalive + 0.5)
     out["poll_new"] = await cycle(daemon.watcher.poll)
     await asyncio.sleep(keepalive + 0.5)
-    bodies = canaries(Endpoint.COMPLETION, Endpoint.COMPLETION_POST_SAMPLING, Endpoint.CHAT)
-    streams = canaries(Endpoint.COMPLETION_STREAM, Endpoint.CHAT_STREAM)
+    bodies = canaries(*(e for e in Endpoint if not TABLE[e].streaming))
+    streams = canaries(*(e for e in Endpoint if TABLE[e].streaming))
     await cycle(bodies)  # connections opened and answers cached by the fleet: the cycles below are alike
     out["canary_bodies"] = await cycle(bodies)
     out["canary_streams"] = await cycle(streams)
@@ -256,9 +272,12 @@ def run_worker(mode: str, config: Path, workdir: Path, extra: Sequence[str], *, 
     result = workdir / f"result-{mode}.json"
     result.unlink(missing_ok=True)
     log_path = workdir / f"specwatch-{mode}.log"
-    # Not `-m`: that would put the working directory first on the path, and its exporter before `specwatch`'s.
-    paths = [str(p) for p in (specwatch, REPO) if p is not None]
-    start = f"import sys; sys.path[:0] = {paths!r}; from bench.benchmark import main; sys.exit(main(sys.argv[1:]))"
+    # Not `-m`: that would put the working directory first on the path. The worker's code is this checkout's, so a
+    # before/after run measures the same cycles; only the exporter package (imported by the worker functions, never
+    # at import time) comes from `specwatch`.
+    start = (f"import sys; sys.path[:0] = [{str(REPO)!r}]; from bench.benchmark import main; "
+             f"assert 'exporter' not in sys.modules; sys.path[:0] = {[str(specwatch)] if specwatch else []!r}; "
+             "sys.exit(main(sys.argv[1:]))")
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-c", start, "--worker", mode, "--config", str(config), "--result", str(result), *extra],
@@ -412,8 +431,9 @@ def _config(path: Path, servers: Sequence[SimServer], args: argparse.Namespace, 
     return path
 
 
-def _row(what: str, size: int, figures: dict[str, Any], ok: str = "") -> Row:
-    return Row("specwatch", what, size, figures["wall"], figures["cpu"], figures["requests"], figures["connections"], ok)
+def _row(what: str, size: int, figures: dict[str, Any], ok: str = "", every: float | None = None) -> Row:
+    return Row("specwatch", what, size, figures["wall"], figures["cpu"], figures["requests"], figures["connections"], ok,
+               every)
 
 
 def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -480,7 +500,8 @@ def measure(args: argparse.Namespace) -> Results:
                     sw = figures["cycles"] = run_worker("cycles", config, workdir, extra, timeout=900, specwatch=args.specwatch)
                     ok = f"{sw['polled_ok']}/{size} up, {sw['verdicts_right']}/{size} verdicts right"
                     results.rows += [
-                        _row("poll, new connections", size, sw["poll_new"]),
+                        _row("poll, new connections", size, sw["poll_new"],
+                             f"{sw['poll_new']['requests'] / size:.2f} requests per server", every=sw["poll_interval"]),
                         _row(f"canary {CANARY_TOKENS} tokens, bodies", size, sw["canary_bodies"]),
                         _row(f"canary {CANARY_TOKENS} tokens, streams", size, sw["canary_streams"], ok),
                     ]
@@ -493,10 +514,12 @@ def measure(args: argparse.Namespace) -> Results:
                         note = f"{steady['window_polls']} poll + {requests - steady['window_polls']} canary requests"
                         results.rows += [
                             Row("specwatch", "daemon mix, probes only", size, steady["window_wall"],
-                                steady["window_cpu"] - scraped, requests, steady["window_connections"], note),
+                                steady["window_cpu"] - scraped, requests, steady["window_connections"], note,
+                                steady["window_wall"]),
                             Row("specwatch", f"daemon mix + scrapes every {args.scrape_every:g}s", size, steady["window_wall"],
                                 steady["window_cpu"], requests, steady["window_connections"],
-                                f"{len(steady['window_scrapes'])} scrapes and their rendering, {1000 * scraped:.0f} ms CPU"),
+                                f"{len(steady['window_scrapes'])} scrapes and their rendering, {1000 * scraped:.0f} ms CPU",
+                                steady["window_wall"]),
                         ]
                     say(f"N={size}: blackbox_exporter cycles ...")
                     blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url)  # warm-up, not counted
@@ -509,6 +532,7 @@ def measure(args: argparse.Namespace) -> Results:
                         round(statistics.median(c.requests for c in cycles)),
                         round(statistics.median(c.connections for c in cycles)),
                         f"{min(r[1] for r in runs)}/{size} ok; ms/probe {min(per_probe):.2f}-{max(per_probe):.2f}",
+                        sw["poll_interval"],  # as if Prometheus probed each server every poll_interval
                     ))
                     figures["blackbox_rss_mb"], figures["blackbox_peak_rss_mb"] = proc_memory_mb(blackbox.pid)
                     figures["blackbox_probe_bytes"] = runs[-1][2]
@@ -529,14 +553,19 @@ def _blackbox(results: Results, size: int) -> Row | None:
 
 def cpu_table(results: Results) -> list[str]:
     head = (f"{'N':>5}  {'tool':<9}  {'what':<32} {'wall s':>7} {'CPU s':>7} {'requests':>8} {'new conns':>9} "
-            f"{'CPU ms/req':>10} {'vs blackbox':>11}  note")
-    lines = ["CPU per request the fleet served (specwatch: process CPU of its worker; blackbox_exporter: per /props probe)",
-             head, "-" * (len(head) + 40)]
+            f"{'CPU ms/req':>10} {'vs blackbox':>11} {'ms/server/min':>13} {'%core/1k':>8}  note")
+    lines = ["CPU per request the fleet served (specwatch: process CPU of its worker; blackbox_exporter: per /props probe),",
+             "and per watched server: ms of CPU per server per minute and % of a core per 1,000 servers (a poll cycle",
+             "recurs every poll_interval, the daemon's window is real time, blackbox_exporter as if probing every",
+             "poll_interval)", head, "-" * (len(head) + 40)]
     for r in results.rows:
         probe = _blackbox(results, r.servers)
         ratio = f"{r.per_request_ms / probe.per_request_ms:>11.2f}" if probe and probe.requests and probe.cpu else f"{'':>11}"
+        per_server = r.per_server_minute_ms
+        standing = (f"{per_server:>13.2f} {core_per_thousand(per_server):>8.1f}" if per_server is not None
+                    else f"{'':>13} {'':>8}")
         lines.append(f"{r.servers:>5}  {r.tool:<9}  {r.what:<32} {r.wall:>7.2f} {r.cpu:>7.3f} {r.requests:>8} "
-                     f"{r.connections:>9} {r.per_request_ms:>10.3f} {ratio}  {r.ok}")
+                     f"{r.connections:>9} {r.per_request_ms:>10.3f} {ratio} {standing}  {r.ok}")
     return lines
 
 
@@ -568,9 +597,9 @@ def metrics_table(results: Results) -> list[str]:
 def readme_table(results: Results) -> list[str]:
     """The README's "Fleet scale" table."""
     lines = ["| servers | CPU per request: poll / canary body / canary stream (48 tokens) / daemon mix | "
-             "blackbox_exporter per probe | mix vs blackbox | `/metrics` median (gzip) | series per server | "
-             "bytes per server | RSS |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "blackbox_exporter per probe | mix vs blackbox | CPU per watched server: daemon mix (blackbox_exporter "
+             "probing every poll interval) | `/metrics` median (gzip) | series per server | bytes per server | RSS |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, figures in results.sizes.items():
         rows = {r.what: r for r in results.rows if r.servers == size}
         probe = _blackbox(results, size)
@@ -581,6 +610,11 @@ def readme_table(results: Results) -> list[str]:
         poll = rows.get("poll, new connections")
         cells = [f"{r.per_request_ms:.2f}" if r else "-" for r in (poll, body, stream, mix)]
         vs = f"{mix.per_request_ms / probe.per_request_ms:.2f}" if mix and probe and probe.cpu else "-"
+        mix_standing, probe_standing = (r.per_server_minute_ms if r else None for r in (mix, probe))
+        standing = (f"{mix_standing:.1f} ms/min = {core_per_thousand(mix_standing):.1f}% of a core per 1,000"
+                    if mix_standing is not None else "-")
+        if probe_standing is not None:
+            standing += f" ({probe_standing:.1f} ms/min = {core_per_thousand(probe_standing):.1f}%)"
         if steady:
             servers = steady["servers"] or 1
             walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
@@ -589,8 +623,8 @@ def readme_table(results: Results) -> list[str]:
                     f"{steady['rss_mb']:.0f} MB |")
         else:
             tail = "- | - | - | - |"
-        lines.append(f"| {size:,} | {' / '.join(cells)} ms | {probe.per_request_ms:.2f} ms | {vs} | {tail}" if probe else
-                     f"| {size:,} | {' / '.join(cells)} ms | - | - | {tail}")
+        lines.append(f"| {size:,} | {' / '.join(cells)} ms | {probe.per_request_ms:.2f} ms | {vs} | {standing} | {tail}" if probe
+                     else f"| {size:,} | {' / '.join(cells)} ms | - | - | {standing} | {tail}")
     return lines
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import random
 import statistics
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="whole canary periods to count on each steady server after its first round (default 3)")
     parser.add_argument("--cases", default="draft-simple,ngram-mod,ngram-map-k,router",
                         help="detection cases (default: draft-simple,ngram-mod,ngram-map-k,router)")
+    parser.add_argument("--json", type=Path, help="also write every measured value to this file (to pool several runs)")
     args = parser.parse_args(argv)
     defaults = Settings(servers=[{"name": "x", "url": "http://127.0.0.1:1"}])
     began, wall = datetime.datetime.now(datetime.UTC), time.monotonic()
@@ -305,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}")
     print()
     print(f"{args.repetitions} repetitions per case; took {time.monotonic() - wall:.0f}s")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "steady": {item.name: dict(zip(("generated_per_hour", "prompt_per_hour", "canaries", "seconds"),
+                                           item.per_hour() or (), strict=False)) for item in steady},
+            "cases": {case.name: {"caught": case.caught, "cleared": case.cleared} for case in cases},
+            "errors": errors,
+        }, indent=2), encoding="utf-8")
     return 1 if errors or any(v is None for c in cases for v in c.caught) else 0
 
 
