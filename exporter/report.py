@@ -13,6 +13,9 @@ from exporter.verdict import Verdict
 class EndpointReport:
     endpoint: str
     tokens: int | None = None
+    """Every token of the canary's answer."""
+    judged_tokens: int | None = None
+    """The tokens after the first, the ones that can be fill-ins: the denominator of `fill_in_ratio`."""
     fill_ins: int | None = None
     fill_in_ratio: float | None = None
     mean_logprob: float | None = None
@@ -40,7 +43,7 @@ def endpoint_state(entry: EndpointReport) -> tuple[str, str]:
     """(kind, words) for people: "fill_ins", "drafted" (drafted and the logprobs are real: a fixed build), "quiet" (did
     not draft), "failed" or "pending". A fleet on a fixed build shows drafted, not merely quiet."""
     if entry.fill_ins:
-        return "fill_ins", f"fill-ins {entry.fill_ins}/{max(0, (entry.tokens or 1) - 1)}"
+        return "fill_ins", f"fill-ins {entry.fill_ins}/{entry.judged_tokens}"
     if entry.error:
         return "failed", f"failed ({entry.reason or 'error'})"
     if entry.tokens is None:
@@ -53,7 +56,8 @@ def endpoint_state(entry: EndpointReport) -> tuple[str, str]:
 def endpoint_report(endpoint: str, tally: Tally | None, error: str | None, reason: str | None = None) -> EndpointReport:
     entry = EndpointReport(endpoint=endpoint, error=error, reason=reason)
     if tally is not None:
-        entry.tokens, entry.fill_ins, entry.draft_n = tally.tokens, tally.fill_ins, tally.draft_n
+        entry.tokens, entry.judged_tokens, entry.fill_ins = tally.tokens, tally.judged_tokens, tally.fill_ins
+        entry.draft_n = tally.draft_n
         entry.fill_in_ratio = round(tally.fill_in_ratio, 4)
         entry.mean_logprob = None if tally.mean_logprob is None else round(tally.mean_logprob, 4)
     return entry

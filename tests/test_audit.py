@@ -121,10 +121,10 @@ async def test_the_audit_of_a_canary_answer_counts_what_the_canary_counted(endpo
     (body,) = bodies
     counted = audited(tmp_path, body)
     assert (counted["answers"], counted["tokens"], counted["fill_ins"], counted["judged_tokens"], counted["drafted"]) == (
-        1, canary.tokens, canary.fill_ins, canary.judged, int(bool(canary.draft_n)))
+        1, canary.tokens, canary.fill_ins, canary.judged_tokens, int(bool(canary.draft_n)))
     api = tally(json.loads(body) if not TABLE[endpoint].streaming else events(body))
     assert (api.tokens, api.fill_ins, api.draft_n, api.judged_tokens) == (canary.tokens, canary.fill_ins, canary.draft_n,
-                                                                         canary.judged)
+                                                                         canary.judged_tokens)
 
 
 # Exit codes and what each file line says.

@@ -190,8 +190,8 @@ def test_a_token_field_specwatch_does_not_know_changes_nothing(endpoint: Endpoin
 def test_counts_and_ratio_agree_on_what_is_judged() -> None:
     """specwatch_canary_tokens is the ratio's denominator: fill-ins / judged reaches 1.0 on a draft server."""
     tally = classify(_answer(FakeLlama.draft(tokens=16), Endpoint.V1_COMPLETION))
-    assert (tally.judged, tally.fill_ins, tally.fill_in_ratio) == (15, 15, 1.0)
-    assert tally.fill_ins / tally.judged == tally.fill_in_ratio
+    assert (tally.judged_tokens, tally.fill_ins, tally.fill_in_ratio) == (15, 15, 1.0)
+    assert tally.fill_ins / tally.judged_tokens == tally.fill_in_ratio
 
 
 SPECULATION = {

@@ -31,6 +31,8 @@ async def test_draft_server_serves_fill_ins() -> None:
     report = await _check(FakeLlama.draft())
     assert (report.verdict, report.exit_code) == ("fill_ins", Verdict.FILL_INS.exit_code)
     assert {e.endpoint: e.fill_in_ratio for e in report.endpoints} == {e.value: 1.0 for e in Endpoint}
+    # The ratio's denominator is in the report, so a consumer dividing the counts gets the ratio: every token after the first.
+    assert all(e.judged_tokens == e.tokens - 1 == e.fill_ins for e in report.endpoints)
     assert "do not score" in report.summary
 
 

@@ -62,13 +62,13 @@ class Tally:
     """The model the answer says produced it, when it says."""
 
     @property
-    def judged(self) -> int:
+    def judged_tokens(self) -> int:
         """Tokens after the first: the ones that can be fill-ins (the first is always real), the ratio's denominator."""
         return max(0, self.tokens - 1)
 
     @property
     def fill_in_ratio(self) -> float:
-        return self.fill_ins / self.judged if self.judged > 0 else 0.0
+        return self.fill_ins / self.judged_tokens if self.judged_tokens > 0 else 0.0
 
     @property
     def drafted(self) -> bool:

@@ -118,7 +118,7 @@ def _endpoint(out: Sink, where: Extra, canary: CanaryState) -> None:
     if tally is None:
         return
     out.add("specwatch_canary_placeholder_ratio", where, tally.fill_in_ratio)
-    out.add("specwatch_canary_tokens", where, tally.judged)
+    out.add("specwatch_canary_tokens", where, tally.judged_tokens)
     out.add("specwatch_canary_placeholder_tokens", where, tally.fill_ins)
     if tally.mean_logprob is not None:
         out.add("specwatch_canary_mean_logprob", where, tally.mean_logprob)
