@@ -175,10 +175,35 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping, as Prometheus' loaders do: the second would win unseen."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges keys on purpose
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: the constructor below says so
+            if seen is not key_node.start_mark:
+                where = f"line {seen.line + 1}, column {seen.column + 1}"
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice (first at {where})",
+                                                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML (or JSON) text parsed as safe_load does, but a key given twice in a mapping is a yaml.YAMLError."""
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
+
+
 def read_yaml(path: Path, source: str) -> Any:
     """The parsed YAML file, or a ConfigError that names `source` and never quotes the file."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse_yaml(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError([f"cannot read: {err.strerror}"], source) from None
     except UnicodeDecodeError:

@@ -103,6 +103,13 @@ async def test_file_sd_adds_changes_removes_and_keeps_the_old_targets_of_a_broke
         assert [s.name for s in discovery.servers()] == ["10.0.0.1:8080", "10.0.0.2:8080", "three"]
         assert discovery.status()[0].ok is False
 
+        # A key given twice: refused as Prometheus refuses it, rather than the last one winning unseen.
+        first.write_text('[{"targets": ["10.0.0.1:8080"], "targets": ["10.0.0.9:8080"]}]')
+        with structlog.testing.capture_logs() as logged:
+            assert not await discovery.refresh_all()
+        assert [s.name for s in discovery.servers()] == ["10.0.0.1:8080", "10.0.0.2:8080", "three"]
+        assert any("key 'targets' given twice (first at line 1, column 3) at line 1, column 33" in str(e.get("error")) for e in logged), logged
+
         first.write_text(json.dumps([{"targets": ["10.0.0.1:8080"], "labels": {"pool": "eval"}}]))
         assert await discovery.refresh_all()
         assert [(s.name, s.labels) for s in discovery.servers()] == [("10.0.0.1:8080", {"pool": "eval"}), ("three", {})]

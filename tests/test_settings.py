@@ -90,6 +90,11 @@ BAD_CONFIGS = [
     ("- just\n- a list\n", "the top level must be a mapping of keys such as servers:, poll_interval:"),
     ("servers: [\n", "not valid YAML: expected the node content, but found '<stream end>' at line 2, column 1"),
     ("servers:\n  - {name: a, url: 'http://h:1'}\napi_key: \"sk-pasted-secret\n", "not valid YAML: found unexpected end of stream at line 4, column 1"),
+    # An override appended to the file would otherwise win unseen (Prometheus refuses it too); merges are meant.
+    ("servers:\n  - {name: a, url: 'http://h:1'}\ncanary_interval: 60s\ncanary_interval: 0s\n",
+     "not valid YAML: key 'canary_interval' given twice (first at line 3, column 1) at line 4, column 1"),
+    ("servers:\n  - {name: a, url: 'http://h:1', name: b}\n",
+     "not valid YAML: key 'name' given twice (first at line 2, column 6) at line 2, column 34"),
 ]
 
 

@@ -147,6 +147,9 @@ def test_unreadable_and_invalid_yaml(tmp_path) -> None:
     assert problems(write(tmp_path / "web.yml", 'basic_auth_users:\n  alice: "$2b$04$secret-ish\n')) == [
         "not valid YAML: found unexpected end of stream at line 3, column 1"
     ]
+    assert problems(write(tmp_path / "twice.yml", "basic_auth_users:\n  alice: x\n  alice: y\n")) == [
+        "not valid YAML: key 'alice' given twice (first at line 2, column 3) at line 3, column 3"
+    ]
 
 
 class CountingBcrypt:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from exporter.filestamp import FileStamp, file_stamp
 from exporter.probe.client import new_client
-from exporter.problems import ConfigError, problem_lines, refusal, yaml_problem
+from exporter.problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
 from exporter.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
 from exporter.state import ServerState
 
@@ -212,7 +212,7 @@ class FileSource(_Source):
             # never a wish to watch nothing ([] says that).
             raise ConfigError(["empty: a file that lists no targets says [] (keeping its previous targets)"], where)
         try:
-            return yaml.safe_load(text)  # YAML reads JSON too
+            return parse_yaml(text)  # YAML reads JSON too
         except yaml.YAMLError as err:
             raise ConfigError([f"not valid JSON or YAML: {yaml_problem(err)}"], where) from None
 
