@@ -1,13 +1,14 @@
-"""A pydantic error as the project's problem lines: each place and error to its exact line, cross-field problems beside."""
+"""Configuration problems as the project's lines: pydantic errors to their exact places, YAML that says a key twice."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 import pytest
+import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter.problems import NamesItsKey, problem_lines, refusing_also
+from exporter.problems import NamesItsKey, parse_yaml, problem_lines, refusing_also, yaml_problem
 
 
 def _tag(value: Any) -> Any:
@@ -91,3 +92,11 @@ def test_input_validated_alone_is_placed_where_it_sits() -> None:
     with pytest.raises(ValidationError) as caught:
         Item.model_validate({"key_file": "/k"})
     assert problem_lines(caught.value, Item) == ["name: Field required", "key_file '/k' cannot be read"]
+
+
+def test_yaml_refuses_a_key_given_twice_but_keeps_merges_and_keys_that_differ_in_type() -> None:
+    assert parse_yaml("base: &b {x: 1, y: 1}\nd: {<<: *b, x: 2}\n1: a\n'1': b\n") == {
+        "base": {"x": 1, "y": 1}, "d": {"x": 2, "y": 1}, 1: "a", "1": "b"}
+    with pytest.raises(yaml.YAMLError) as caught:
+        parse_yaml("servers: []\npoll_interval: 15s\npoll_interval: 1s\n")
+    assert yaml_problem(caught.value) == "key 'poll_interval' given twice (first at line 2, column 1) at line 3, column 1"
