@@ -17,13 +17,16 @@ from exporter.probe.fetch import Fetcher
 from exporter.reasons import ProbeFailure
 from exporter.settings.schema import ServerConfig
 
-# Every speculation type the tests cover, plus a plain server that must never show a fill-in.
+# Every speculation type that drafts without a second model (and draft-simple, MTP), plus a plain server that must
+# never show a fill-in.
 KINDS: dict[str, list[str]] = {
     "plain": [],
     "draft-simple": ["-md", "{model}", "--spec-type", "draft-simple"],
     "ngram-mod": ["--spec-type", "ngram-mod"],
     "ngram-map-k": ["--spec-type", "ngram-map-k"],
     "ngram-simple": ["--spec-type", "ngram-simple"],
+    "ngram-map-k4v": ["--spec-type", "ngram-map-k4v"],
+    "ngram-cache": ["--spec-type", "ngram-cache"],
     # Needs a model with MTP heads: without --model, the cycle model's qwen35 twin with one.
     "draft-mtp": ["--spec-type", "draft-mtp"],
 }

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from exporter.probe.canary import TABLE, Endpoint, Tally
+from exporter.probe.canary import TABLE, Tally
 
 
 class Verdict(StrEnum):
@@ -64,16 +64,19 @@ def _counts(tally: Tally) -> str:
     return f"{tally.fill_ins}/{tally.tokens - 1}"
 
 
-def _drafts_from(endpoint: str) -> int:
-    try:
-        return TABLE[Endpoint(endpoint)].drafts_from
-    except ValueError:
-        return max(spec.drafts_from for spec in TABLE.values())
+PROOFS = tuple(sorted({spec.proof for spec in TABLE.values()}, key=lambda proof: proof.tokens))
+"""Every kind of canary a server needs, long enough, where speculation cannot be seen (see DraftProof)."""
 
 
-def _long_enough(evidence: EndpointEvidence) -> bool:
-    """Whether this canary was long enough that n-gram speculation, were it on, would have drafted."""
-    return evidence.tally is not None and evidence.tally.tokens >= _drafts_from(evidence.endpoint)
+def _unproven_kinds(endpoints: Sequence[EndpointEvidence]) -> list[str]:
+    """What is missing for the canaries that did not draft to prove every n-gram type off: none, once each kind of
+    endpoint had one long enough that the types drafting there would have drafted."""
+    proven = set()
+    for evidence in endpoints:
+        spec = next((spec for endpoint, spec in TABLE.items() if endpoint.value == evidence.endpoint), None)
+        if spec is not None and evidence.tally is not None and evidence.tally.tokens >= spec.proof.tokens:
+            proven.add(spec.proof)
+    return [f"a {proof.kind} endpoint of {proof.tokens} tokens" for proof in PROOFS if proof not in proven]
 
 
 def decide(evidence: Evidence) -> Decision:
@@ -109,12 +112,13 @@ def decide(evidence: Evidence) -> Decision:
         why = "; ".join(f"{e.endpoint}: {e.failure or 'no canary yet'}" for e in unchecked)
         return Decision(Verdict.UNCHECKED, f"could not check every endpoint: {why}")
     drafted = any(e.tally is not None and e.tally.drafted for e in evidence.endpoints)
-    if evidence.speculation_slots is None and not drafted and not any(_long_enough(e) for e in evidence.endpoints):
-        needed = ", ".join(f"{e.endpoint} {_drafts_from(e.endpoint)}" for e in evidence.endpoints)
+    if evidence.speculation_slots is None and not drafted and (missing := _unproven_kinds(evidence.endpoints)):
+        had = ", ".join(f"{e.endpoint} {e.tally.tokens}" for e in evidence.endpoints if e.tally is not None)
         return Decision(
             Verdict.UNPROVEN,
-            "speculation cannot be seen (/slots is off or not reachable) and every canary was too short to make n-gram "
-            f"speculation draft (tokens needed: {needed}), so its logprobs are not proven real; do not score",
+            "speculation cannot be seen (/slots is off or not reachable) and no canary was long enough to make every "
+            f"n-gram type draft: that needs {' and '.join(missing)} (canaried: {had}), "
+            "so its logprobs are not proven real; do not score",
         )
     if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
         source = "/slots" if evidence.speculation_slots else "/props"

@@ -49,6 +49,9 @@ def servers(model: Path, workdir: Path) -> Iterator[dict[str, LlamaServer]]:
         # logprobs are not proven real. (With its defaults ngram-simple drafts on the chat canaries: fill-ins.)
         "quiet": ("plain", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "64"]),
         "ngramsimple": ("plain", ["--spec-type", "ngram-simple"]),
+        # /slots off: speculation cannot be seen, so only canaries long enough on both kinds of endpoint prove it off.
+        "noslotsplain": ("plain", ["--no-slots"]),
+        "noslotssimple": ("plain", ["--spec-type", "ngram-simple", "--no-slots"]),
     }
     started: dict[str, LlamaServer] = {}
     try:
@@ -190,7 +193,26 @@ def test_check_verdicts(servers: dict[str, LlamaServer], key_file: Path) -> None
     assert (code, report["verdict"], report["speculation_slots"]) == (1, "fill_ins", None)
 
 
-VERDICTS = {"plain": "clean", "draft": "fill_ins", "ngramsimple": "fill_ins", "quiet": "unproven", "unkeyed": "unchecked"}
+def test_check_where_slots_are_off_needs_both_kinds_of_endpoint(servers: dict[str, LlamaServer]) -> None:
+    """ngram-simple never drafts on the raw prompt: a check of the completion endpoints alone, however long, used to
+    call it clean. Without /slots, a raw-prompt canary of 8 tokens and a chat canary of 32 are both needed."""
+    simple, plain = servers["noslotssimple"].url, servers["noslotsplain"].url
+    raw_only = ("--endpoint", "completion", "--endpoint", "v1_completion")
+    code, report = _check(simple, *raw_only)
+    assert (code, report["verdict"]) == (1, "unproven"), report["summary"]
+    assert all(e["fill_ins"] == 0 for e in report["endpoints"])  # it really did not draft there
+    assert "a chat endpoint of 32 tokens" in report["summary"]
+    code, report = _check(simple, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
+    assert (code, report["verdict"]) == (1, "fill_ins"), report["summary"]
+    assert [e["endpoint"] for e in report["endpoints"] if e["fill_ins"]] == ["chat"]
+    assert _check(plain, *raw_only)[1]["verdict"] == "unproven"
+    assert _check(plain, "--endpoint", "chat", "--tokens", "48")[1]["verdict"] == "unproven"
+    code, report = _check(plain, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
+    assert (code, report["verdict"]) == (0, "clean"), report["summary"]
+
+
+VERDICTS = {"plain": "clean", "draft": "fill_ins", "ngramsimple": "fill_ins", "quiet": "unproven", "unkeyed": "unchecked",
+            "noslotsplain": "clean", "noslotssimple": "fill_ins"}
 
 
 def _daemon_verdict(samples: dict, server: str) -> str | None:

@@ -12,6 +12,7 @@ from tests.support.wire import FakeLlama
 REAL = Tally(tokens=8, fill_ins=0, mean_logprob=-0.3, draft_n=None, draft_accepted=None)
 DRAFTED_REAL = Tally(tokens=8, fill_ins=0, mean_logprob=-0.3, draft_n=6, draft_accepted=5)
 LONG = Tally(tokens=48, fill_ins=0, mean_logprob=-0.3, draft_n=None, draft_accepted=None)
+CHAT_PROOF = Tally(tokens=32, fill_ins=0, mean_logprob=-0.3, draft_n=None, draft_accepted=None)
 FILLED = Tally(tokens=8, fill_ins=7, mean_logprob=-0.04, draft_n=8, draft_accepted=7)
 
 
@@ -48,11 +49,16 @@ TABLE = [
      "/props says"),
     # Speculation unseen (/slots off, or a front end that hides it): a short canary that did not draft proves nothing.
     (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.UNPROVEN,
-     "too short"),
-    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=False, endpoints=[ok(tally=LONG), ok("chat_stream")]),
+     "needs a raw-prompt endpoint of 8 tokens and a chat endpoint of 32 tokens (canaried: chat 8)"),
+    # No kind of endpoint covers every n-gram type: ngram-simple never drafts on the raw prompt, ngram-map-k on chat
+    # only on some models. However long, one kind alone proves nothing.
+    (Evidence(poll_failure=None, speculation_slots=None, endpoints=[ok("completion", LONG), ok("v1_completion", LONG)]),
+     Verdict.UNPROVEN, "needs a chat endpoint of 32 tokens"),
+    (Evidence(poll_failure=None, speculation_slots=None, endpoints=[ok(tally=LONG), ok("chat_stream", LONG)]),
+     Verdict.UNPROVEN, "needs a raw-prompt endpoint of 8 tokens"),
+    # 8 tokens on a raw-prompt endpoint and 32 on chat: every measured type would have drafted.
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=False, endpoints=[ok(tally=CHAT_PROOF), ok("completion")]),
      Verdict.CLEAN, "every token carries its alternatives"),
-    # 8 tokens make every n-gram type draft on the raw-prompt endpoints: one of them not drafting is enough.
-    (Evidence(poll_failure=None, speculation_slots=None, endpoints=[ok(), ok("v1_completion")]), Verdict.CLEAN, "real"),
     (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(tally=DRAFTED_REAL), ok("completion")]), Verdict.CLEAN,
      "drafted and still returned real logprobs"),
     (Evidence(poll_failure=None, speculation_slots=False, endpoints=[ok(), ok("completion")]), Verdict.CLEAN,

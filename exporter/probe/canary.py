@@ -29,8 +29,22 @@ SEED = 4242
 REPEATED_LINE = "the cat sat on a mat"
 PROMPT_TEXT = " ".join([REPEATED_LINE] * 12) + " the cat"
 CHAT_INSTRUCTION = "Repeat the following line over and over, with nothing else: " + REPEATED_LINE
-PROMPT_DRAFTS_FROM = 8
-CHAT_DRAFTS_FROM = 48
+
+
+@dataclass(frozen=True)
+class DraftProof:
+    """Where speculation cannot be seen, a canary this long on this kind of endpoint that did not draft proves that
+    the n-gram types that draft there are off. No one kind covers every type (bench/canary_tokens.py, build 11434, on
+    SmolLM2-135M-Instruct and the cycle model): on the raw prompt ngram-mod, ngram-map-k(4v) and ngram-cache draft
+    from 3 tokens and ngram-simple never; on chat ngram-simple drafts from 16, ngram-map-k only on some models.
+    So a server is proven only when both kinds were canaried long enough."""
+
+    kind: str
+    tokens: int
+
+
+PROMPT_PROOF = DraftProof("raw-prompt", 8)
+CHAT_PROOF = DraftProof("chat", 32)
 
 
 class Endpoint(StrEnum):
@@ -87,10 +101,8 @@ class EndpointSpec:
     """The request body for a canary of so many tokens (the probe adds `model` for routers)."""
     read: Callable[[Any], Reading]
     """Tokens from the answer: the parsed JSON body, or the list of parsed events when streaming."""
-    drafts_from: int
-    """A canary this long makes every n-gram type that is on draft here (where a draft model drafts from 3 tokens):
-    shorter and not drafting, it proves nothing where speculation cannot be seen. Measured on SmolLM2-135M-Instruct
-    and the tiny cycle model with bench/canary_tokens.py, with room to spare (see the README)."""
+    proof: DraftProof
+    """How long a canary here must be to prove, by not drafting, the n-gram types that draft here off."""
 
 
 def _common() -> dict[str, Any]:
@@ -138,21 +150,21 @@ CHUNKS: Mapping[Endpoint, Chunk] = MappingProxyType({
 TABLE: Mapping[Endpoint, EndpointSpec] = MappingProxyType({
     spec.endpoint: spec
     for spec in (
-        # The raw prompt repeats the line: every n-gram type drafts from 3 tokens. A chat wraps it in a template and the
-        # model's own words: ngram-mod needs 32 (SmolLM2-135M), 48 on Gemma 3 270M.
-        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), read_choice, CHAT_DRAFTS_FROM),
+        # The raw prompt repeats the line: the n-gram types that draft on it do from 3 tokens. A chat wraps it in a
+        # template and the model's own words: ngram-simple drafts there from 16 (ngram-mod from 32, 48 on Gemma 3 270M).
+        EndpointSpec(Endpoint.CHAT, "/v1/chat/completions", False, _chat_body(stream=False), read_choice, CHAT_PROOF),
         EndpointSpec(Endpoint.CHAT_STREAM, "/v1/chat/completions", True, _chat_body(stream=True),
-                     stream_reader(CHUNKS[Endpoint.CHAT_STREAM]), CHAT_DRAFTS_FROM),
+                     stream_reader(CHUNKS[Endpoint.CHAT_STREAM]), CHAT_PROOF),
         EndpointSpec(Endpoint.COMPLETION, "/completion", False, _completion_body(stream=False),
-                     completion_reader(post_sampling=False), PROMPT_DRAFTS_FROM),
+                     completion_reader(post_sampling=False), PROMPT_PROOF),
         EndpointSpec(Endpoint.COMPLETION_STREAM, "/completion", True, _completion_body(stream=True),
-                     stream_reader(CHUNKS[Endpoint.COMPLETION_STREAM]), PROMPT_DRAFTS_FROM),
+                     stream_reader(CHUNKS[Endpoint.COMPLETION_STREAM]), PROMPT_PROOF),
         EndpointSpec(Endpoint.COMPLETION_POST_SAMPLING, "/completion", False, _completion_body(stream=False, post_sampling=True),
-                     completion_reader(post_sampling=True), PROMPT_DRAFTS_FROM),
+                     completion_reader(post_sampling=True), PROMPT_PROOF),
         EndpointSpec(Endpoint.V1_COMPLETION, "/v1/completions", False, _v1_completion_body(stream=False), read_choice,
-                     PROMPT_DRAFTS_FROM),
+                     PROMPT_PROOF),
         EndpointSpec(Endpoint.V1_COMPLETION_STREAM, "/v1/completions", True, _v1_completion_body(stream=True),
-                     stream_reader(CHUNKS[Endpoint.V1_COMPLETION_STREAM]), PROMPT_DRAFTS_FROM),
+                     stream_reader(CHUNKS[Endpoint.V1_COMPLETION_STREAM]), PROMPT_PROOF),
     )
 })
 
