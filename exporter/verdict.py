@@ -76,7 +76,9 @@ def _unproven_kinds(endpoints: Sequence[EndpointEvidence]) -> list[str]:
         spec = next((spec for endpoint, spec in TABLE.items() if endpoint.value == evidence.endpoint), None)
         if spec is not None and evidence.tally is not None and evidence.tally.tokens >= spec.proof.tokens:
             proven.add(spec.proof)
-    return [f"a {proof.kind} endpoint of {proof.tokens} tokens" for proof in PROOFS if proof not in proven]
+    return [f"{proof.tokens} tokens or more on a {proof.kind} endpoint "
+            f"({', '.join(e.value for e, spec in TABLE.items() if spec.proof == proof)})"
+            for proof in PROOFS if proof not in proven]
 
 
 def decide(evidence: Evidence) -> Decision:
@@ -117,7 +119,7 @@ def decide(evidence: Evidence) -> Decision:
         return Decision(
             Verdict.UNPROVEN,
             "speculation cannot be seen (/slots is off or not reachable) and no canary was long enough to make every "
-            f"n-gram type draft: that needs {' and '.join(missing)} (canaried: {had}), "
+            f"n-gram type draft: that needs a canary of {' and one of '.join(missing)}, and it had {had}; "
             "so its logprobs are not proven real; do not score",
         )
     if (evidence.speculation_slots or evidence.speculation_props) and not drafted:

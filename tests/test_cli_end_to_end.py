@@ -201,7 +201,7 @@ def test_check_where_slots_are_off_needs_both_kinds_of_endpoint(servers: dict[st
     code, report = _check(simple, *raw_only)
     assert (code, report["verdict"]) == (1, "unproven"), report["summary"]
     assert all(e["fill_ins"] == 0 for e in report["endpoints"])  # it really did not draft there
-    assert "a chat endpoint of 32 tokens" in report["summary"]
+    assert "32 tokens or more on a chat endpoint (chat, chat_stream)" in report["summary"]
     code, report = _check(simple, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
     assert (code, report["verdict"]) == (1, "fill_ins"), report["summary"]
     assert [e["endpoint"] for e in report["endpoints"] if e["fill_ins"]] == ["chat"]

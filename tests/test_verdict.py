@@ -49,13 +49,15 @@ TABLE = [
      "/props says"),
     # Speculation unseen (/slots off, or a front end that hides it): a short canary that did not draft proves nothing.
     (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.UNPROVEN,
-     "needs a raw-prompt endpoint of 8 tokens and a chat endpoint of 32 tokens (canaried: chat 8)"),
+     "needs a canary of 8 tokens or more on a raw-prompt endpoint (completion, completion_stream, "
+     "completion_post_sampling, v1_completion, v1_completion_stream) and one of 32 tokens or more on a chat endpoint "
+     "(chat, chat_stream), and it had chat 8;"),
     # No kind of endpoint covers every n-gram type: ngram-simple never drafts on the raw prompt, ngram-map-k on chat
     # only on some models. However long, one kind alone proves nothing.
     (Evidence(poll_failure=None, speculation_slots=None, endpoints=[ok("completion", LONG), ok("v1_completion", LONG)]),
-     Verdict.UNPROVEN, "needs a chat endpoint of 32 tokens"),
+     Verdict.UNPROVEN, "needs a canary of 32 tokens or more on a chat endpoint (chat, chat_stream), and it had"),
     (Evidence(poll_failure=None, speculation_slots=None, endpoints=[ok(tally=LONG), ok("chat_stream", LONG)]),
-     Verdict.UNPROVEN, "needs a raw-prompt endpoint of 8 tokens"),
+     Verdict.UNPROVEN, "needs a canary of 8 tokens or more on a raw-prompt endpoint"),
     # 8 tokens on a raw-prompt endpoint and 32 on chat: every measured type would have drafted.
     (Evidence(poll_failure=None, speculation_slots=None, speculation_props=False, endpoints=[ok(tally=CHAT_PROOF), ok("completion")]),
      Verdict.CLEAN, "every token carries its alternatives"),
