@@ -243,7 +243,8 @@ def alerts(c: RulesConfig) -> list[Alert]:
         ),
         Alert(
             "SpecwatchLogprobsUnproven",
-            "The server speculates and no canary drafted: its logprobs are not proven real. A ticket: an eval harness "
+            "The server speculates and no canary drafted, or speculation cannot be seen (/slots off) and the canaries "
+            "lacked a long enough raw-prompt or chat endpoint: its logprobs are not proven real. A ticket: an eval harness "
             "running `specwatch check` refuses it already; n-gram speculation may start drafting later. max_over_time, "
             "not last_over_time: after a restart the verdict reads `unchecked` until the canaries have run again, and "
             "that must not start the 15 minutes afresh either; a replica that knows better now (clean, or fill-ins, "
@@ -251,10 +252,11 @@ def alerts(c: RulesConfig) -> list[Alert]:
             f'min {c.without("verdict")} (max_over_time(specwatch_verdict{{verdict="unproven"}}[{RESTART_BRIDGE}])) == 1\n'
             f'unless on (job, server, model) max {c.without("verdict")} (specwatch_verdict{{verdict=~"clean|fill_ins"}}) == 1',
             "warning",
-            "llama-server {{ $labels.server }} speculates but its logprobs are not proven real",
-            f"{{{{ $labels.server }}}}{_MODEL} reports speculative decoding on, but no canary made it draft, so specwatch "
-            "cannot tell whether its logprobs are real. `specwatch check` exits 1 for it. Remove speculative decoding from "
-            "the server, or accept it stays out of logprob evals.",
+            "llama-server {{ $labels.server }} may speculate and its logprobs are not proven real",
+            f"{{{{ $labels.server }}}}{_MODEL} reports speculative decoding on but no canary made it draft, or hides "
+            "/slots and was not canaried on both a raw-prompt and a chat endpoint long enough (the landing page's why "
+            "column says which), so specwatch cannot tell whether its logprobs are real. `specwatch check` exits 1 for "
+            "it. Remove speculative decoding from the server, or accept it stays out of logprob evals.",
             for_="15m",
         ),
         Alert(
