@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -197,8 +199,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--tokens", type=tokens_argument, default=DEFAULT_TOKENS,
                        help=f"tokens per canary, 4 to 512 (default {DEFAULT_TOKENS}); shorter proves less (see below)")
     check.add_argument(
-        "--timeout", type=duration_argument, default=60.0, metavar="DURATION",
-        help="per request, e.g. 30s, 2m, 1m30s or a number of seconds (default 60s)",
+        "--timeout", type=duration_argument, default=DEFAULT_TIMEOUT, metavar="DURATION",
+        help=f"per request, e.g. 30s, 2m, 1m30s or a number of seconds (default {DEFAULT_TIMEOUT:g}s)",
     )
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
     ask = check.add_argument_group(
@@ -332,19 +334,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def logs_to_stderr() -> Iterator[None]:
+    """While a check runs, its log lines (a key file that changed mid-check) go to stderr: stdout, or a test's output,
+    carries the verdict."""
     import structlog
 
-    # Log lines (a key file that changed mid-check) go to stderr: stdout carries the verdict, --json included.
     previous = structlog.get_config()
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
-        return _checked(args)
+        yield
     finally:
         structlog.configure(**previous)
 
 
+def _check(args: argparse.Namespace) -> int:
+    with logs_to_stderr():
+        return _checked(args)
+
+
 DEFAULT_TOKENS = 48
+DEFAULT_TIMEOUT = 60.0
 # Each flag that only one way of checking takes: its destination, its spelling and its default.
 CANARY_ONLY = {"api_key_file": ("--api-key-file", None), "api_key_env": ("--api-key-env", None), "load": ("--load", False),
                "endpoints": ("--endpoint", None), "tokens": ("--tokens", DEFAULT_TOKENS)}
@@ -363,11 +373,27 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if wrong:
         mode = "--exporter sends no canary" if args.exporters else "they select what --exporter reports"
         return f"{', '.join(wrong)} cannot be used {'with' if args.exporters else 'without'} --exporter: {mode}"
-    if args.exporter_key_file and not args.exporter_cert_file:
+    return exporter_flags_problem(key_file=args.exporter_key_file, cert_file=args.exporter_cert_file,
+                                  password_file=args.exporter_password_file, username=args.exporter_username)
+
+
+def exporter_flags_problem(*, key_file: object, cert_file: object, password_file: object, username: object) -> str | None:
+    """A flag for asking the exporter given without the one it needs, in `check`'s words."""
+    if key_file and not cert_file:
         return "--exporter-key-file needs --exporter-cert-file"
-    if args.exporter_password_file and not args.exporter_username:
+    if password_file and not username:
         return "--exporter-password-file needs --exporter-username"
     return None
+
+
+def check_server(url: str, *, api_key_file: Path | None = None, api_key_env: str | None = None,
+                 model: str | None = None) -> ServerConfig:
+    """The server `specwatch check URL` canaries; a ValueError in the project's words when the URL or a key option is
+    wrong."""
+    try:
+        return ServerConfig(name="check", url=url, api_key_file=api_key_file, api_key_env=api_key_env, model=model)
+    except ValidationError as err:
+        raise ValueError("; ".join(problem_lines(err, ServerConfig))) from None
 
 
 def _asked(args: argparse.Namespace) -> int:
@@ -392,11 +418,9 @@ def _checked(args: argparse.Namespace) -> int:
         return _asked(args)
 
     try:
-        server = ServerConfig(
-            name="check", url=args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model
-        )
-    except ValidationError as err:
-        print(f"specwatch check: {'; '.join(problem_lines(err, ServerConfig))}", file=sys.stderr)
+        server = check_server(args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model)
+    except ValueError as err:
+        print(f"specwatch check: {err}", file=sys.stderr)
         return EX_USAGE
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
     report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout, load=args.load))

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import re
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -135,26 +133,29 @@ class GateError(Exception):
 
 def server_config(url: str, defaults: Defaults) -> ServerConfig:
     """The server `specwatch check URL` would canary with these options; the same refusals, as a GateError."""
-    from pydantic import ValidationError
-
-    from exporter.problems import problem_lines
-    from exporter.settings.schema import ServerConfig
+    from exporter.cli import check_server
 
     try:
-        return ServerConfig(name="check", url=url, api_key_file=defaults.api_key_file, api_key_env=defaults.api_key_env,
-                            model=defaults.model)
-    except ValidationError as err:
-        raise GateError(f"cannot check {url}: {'; '.join(problem_lines(err, ServerConfig))}") from None
+        return check_server(url, api_key_file=defaults.api_key_file, api_key_env=defaults.api_key_env, model=defaults.model)
+    except ValueError as err:
+        raise GateError(f"cannot check {url}: {err}") from None
 
 
 def defaults_of(given: Mapping[str, Any]) -> Defaults:
     """The options as `specwatch check` would take them, or a GateError saying what is wrong."""
-    from exporter.cli import DEFAULT_TOKENS, duration_argument, label_argument, tokens_argument
+    from exporter.cli import (
+        DEFAULT_TIMEOUT,
+        DEFAULT_TOKENS,
+        duration_argument,
+        exporter_flags_problem,
+        label_argument,
+        tokens_argument,
+    )
     from exporter.probe.canary import Endpoint
 
     try:
         tokens = tokens_argument(given["specwatch_tokens"]) if "specwatch_tokens" in given else DEFAULT_TOKENS
-        timeout = duration_argument(given["specwatch_timeout"]) if "specwatch_timeout" in given else 60.0
+        timeout = duration_argument(given["specwatch_timeout"]) if "specwatch_timeout" in given else DEFAULT_TIMEOUT
         labels = tuple(label_argument(text) for text in given.get("specwatch_label", []))
     except (ValueError, argparse.ArgumentTypeError) as err:
         raise GateError(str(err)) from None
@@ -166,10 +167,11 @@ def defaults_of(given: Mapping[str, Any]) -> Defaults:
     selecting = [o.flag for o in OPTIONS if o.dest in ("specwatch_server", "specwatch_label") and o.dest in given]
     if selecting and not exporters:
         raise GateError(f"{', '.join(selecting)} select what --specwatch-exporter reports: give --specwatch-exporter URL too")
-    if "specwatch_exporter_key_file" in given and "specwatch_exporter_cert_file" not in given:
-        raise GateError("--specwatch-exporter-key-file needs --specwatch-exporter-cert-file")
-    if "specwatch_exporter_password_file" in given and "specwatch_exporter_username" not in given:
-        raise GateError("--specwatch-exporter-password-file needs --specwatch-exporter-username")
+    problem = exporter_flags_problem(
+        key_file=given.get("specwatch_exporter_key_file"), cert_file=given.get("specwatch_exporter_cert_file"),
+        password_file=given.get("specwatch_exporter_password_file"), username=given.get("specwatch_exporter_username"))
+    if problem is not None:
+        raise GateError(_flags_named_here(problem))
     return Defaults(
         urls=tuple(given.get("specwatch", [])), exporters=exporters, servers=tuple(given.get("specwatch_server", [])),
         labels=labels, model=given.get("specwatch_model"), api_key_env=given.get("specwatch_api_key_env"),
@@ -217,19 +219,6 @@ def _run(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-@contextlib.contextmanager
-def _logs_to_stderr() -> Iterator[None]:
-    """As `specwatch check`: a log line (a key file that changed mid-check) goes to stderr, never into a test's output."""
-    import structlog
-
-    previous = structlog.get_config()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    try:
-        yield
-    finally:
-        structlog.configure(**previous)
-
-
 @dataclass
 class Gate:
     """The checks of one session, each made once: the same target with the same options gets the same outcome."""
@@ -247,11 +236,12 @@ class Gate:
 
     def _canary(self, url: str, defaults: Defaults) -> Outcome:
         from exporter.check import render_text, run_check
+        from exporter.cli import logs_to_stderr
         from exporter.probe.canary import Endpoint
 
         server = server_config(url, defaults)
         endpoints = [Endpoint(e) for e in defaults.endpoints] if defaults.endpoints else list(Endpoint)
-        with _logs_to_stderr():
+        with logs_to_stderr():
             report = _run(run_check(server, endpoints=endpoints, tokens=defaults.tokens, timeout=defaults.timeout))
         return Outcome(url, report, _flags_named_here(render_text(report)))
 
@@ -266,10 +256,11 @@ class Gate:
 
     def _ask(self, urls: Sequence[str], defaults: Defaults) -> Outcome:
         from exporter.ask import Exporter, ask, render_text
+        from exporter.cli import logs_to_stderr
 
         exporters = [Exporter(url, defaults.exporter_username, defaults.exporter_password_file, defaults.exporter_ca_file,
                               defaults.exporter_cert_file, defaults.exporter_key_file) for url in urls]
-        with _logs_to_stderr():
+        with logs_to_stderr():
             report = _run(ask(exporters, servers=list(defaults.servers), labels=list(defaults.labels), model=defaults.model,
                               timeout=defaults.timeout))
         selection = [f"server={s}" for s in defaults.servers] + [f"label={k}={v}" for k, v in defaults.labels]

@@ -61,7 +61,7 @@ class Decision:
 
 
 def _counts(tally: Tally) -> str:
-    return f"{tally.fill_ins}/{tally.tokens - 1}"
+    return f"{tally.fill_ins}/{tally.judged_tokens}"
 
 
 PROOFS = tuple(sorted({spec.proof for spec in TABLE.values()}, key=lambda proof: proof.tokens))
@@ -73,7 +73,7 @@ def _unproven_kinds(endpoints: Sequence[EndpointEvidence]) -> list[str]:
     endpoint had one long enough that the types drafting there would have drafted."""
     proven = set()
     for evidence in endpoints:
-        spec = next((spec for endpoint, spec in TABLE.items() if endpoint.value == evidence.endpoint), None)
+        spec = TABLE.get(evidence.endpoint)  # type: ignore[call-overload]  # StrEnum keys: the plain value finds them
         if spec is not None and evidence.tally is not None and evidence.tally.tokens >= spec.proof.tokens:
             proven.add(spec.proof)
     return [f"{proof.tokens} tokens or more on a {proof.kind} endpoint "

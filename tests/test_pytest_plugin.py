@@ -16,7 +16,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED
+from exporter.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED, Defaults, defaults_of
 from tests.support.loopback import FaultServer
 from tests.support.net import refused_url
 from tests.support.process import ExporterProcess
@@ -303,6 +303,14 @@ def test_run_and_check_never_import_the_plugin_or_pytest(tmp_path: Path) -> None
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "['pytest']"  # only the None placeholder
+
+
+def test_the_defaults_with_no_option_given_are_checks_defaults() -> None:
+    """The plugin spells them out so that loading it imports nothing of specwatch; they must not drift from check's."""
+    from exporter.cli import DEFAULT_TIMEOUT, DEFAULT_TOKENS
+
+    assert Defaults() == defaults_of({})
+    assert (Defaults().tokens, Defaults().timeout) == (DEFAULT_TOKENS, DEFAULT_TIMEOUT)
 
 
 def test_the_base_install_registers_the_plugin() -> None:

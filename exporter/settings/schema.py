@@ -34,9 +34,9 @@ DEFAULT_POLL_TIMEOUT, DEFAULT_CANARY_TIMEOUT = 5.0, 30.0
 RESERVED_LABELS = frozenset({"server", "model", "endpoint", "source", "reason", "outcome", "verdict", "build", "version",
                              "job", "instance", "pod"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-# What a pasted endpoint URL ends in; specwatch needs the server's root and adds these itself.
 _HOST = re.compile(r"[A-Za-z0-9_.-]+|[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?")
 """A host name, an IPv4 address, or an IPv6 one (urlsplit has taken its brackets off), with its zone."""
+# What a pasted endpoint URL ends in; specwatch needs the server's root and adds these itself.
 _ENDPOINT_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/completion", "/v1", "/health", "/props", "/slots")
 NO_SERVERS = (
     "lists no servers: put the fleet under servers:, e.g. servers: [{name: eval-a, url: 'http://10.0.0.5:8080'}] "
