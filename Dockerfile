@@ -43,6 +43,6 @@ EXPOSE 9824
 # listens on (read from /proc, so --listen and --network host need no change here), plain HTTP then TLS. A stopped or
 # hung process gets no answer within 2 s and is unhealthy. With client_auth_type RequireAndVerifyClientCert it cannot
 # connect: use your orchestrator's TCP check instead.
-HEALTHCHECK --interval=30s --timeout=6s --start-period=10s CMD ["python", "-m", "exporter.daemon.healthcheck"]
+HEALTHCHECK --interval=30s --timeout=6s --start-period=10s CMD ["python", "-m", "specwatch.daemon.healthcheck"]
 ENTRYPOINT ["specwatch", "run"]
 CMD ["--listen", ":9824"]

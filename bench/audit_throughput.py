@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         piece = unit(args.mix, args.tokens)
         times = write_repeated(path, piece, args.size_mb << 20)
         size = path.stat().st_size
-        run = run_measured("exporter", ["audit", str(path), "--json"], cwd=ROOT, timeout=3600)
+        run = run_measured("specwatch", ["audit", str(path), "--json"], cwd=ROOT, timeout=3600)
     totals = json.loads(run.stdout)["totals"]
     print(f"file: {size / 2**20:.0f} MiB, {args.mix}, {args.tokens} tokens per answer, the unit repeated {times} times")
     print(f"answers: {totals['answers']} ({totals['fill_in_answers']} with fill-ins, {totals['cannot_judge']} cannot judge, "

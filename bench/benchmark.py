@@ -130,17 +130,17 @@ def _series_per_server(text: str, servers: int) -> float:
 
 async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict[str, Any]:
     """Poll and canary cycles over the whole fleet, driven through the daemon's own Watcher."""
-    from exporter.daemon.cadence import Round
-    from exporter.daemon.run import Daemon
-    from exporter.probe.canary import TABLE, Endpoint
-    from exporter.settings.loading import load_settings
+    from specwatch.daemon.cadence import Round
+    from specwatch.daemon.run import Daemon
+    from specwatch.probe.canary import TABLE, Endpoint
+    from specwatch.settings.loading import load_settings
 
     settings = load_settings(config)
     daemon = Daemon(config, settings)
     names = [s.config.name for s in daemon.fleet.snapshot()]
     out: dict[str, Any] = {"servers": len(names), "poll_interval": settings.poll_interval}
     with contextlib.suppress(ImportError):  # what Daemon.run() does once started, where the daemon does it
-        from exporter.daemon import memory
+        from specwatch.daemon import memory
 
         memory.tune()
 
@@ -178,7 +178,7 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict
 
 def _record_scrapes(into: list[dict[str, float]]) -> None:
     """Times every /metrics answer in the HTTP thread that serves it: render, gzip and write, in thread CPU and wall."""
-    from exporter.daemon import web
+    from specwatch.daemon import web
 
     serve = web._Handler.do_GET
 
@@ -216,8 +216,8 @@ async def _settled(daemon: Any, limit: float) -> float:
 
 async def _worker_steady(config: Path, fleet_url: str, port: int, window: float, marks: Path) -> dict[str, Any]:
     """The real daemon on its real schedule: its CPU per request the fleet served over a window, and its /metrics."""
-    from exporter.daemon.run import Daemon
-    from exporter.settings.loading import load_settings
+    from specwatch.daemon.run import Daemon
+    from specwatch.settings.loading import load_settings
 
     served: list[dict[str, float]] = []
     _record_scrapes(served)
@@ -254,7 +254,7 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    from exporter.daemon import logs
+    from specwatch.daemon import logs
 
     raise_fd_limit()
     logs.configure("info", json=True)  # the daemon's default level, so log cost is what production pays
@@ -276,7 +276,7 @@ def run_worker(mode: str, config: Path, workdir: Path, extra: Sequence[str], *, 
     # before/after run measures the same cycles; only the exporter package (imported by the worker functions, never
     # at import time) comes from `specwatch`.
     start = (f"import sys; sys.path[:0] = [{str(REPO)!r}]; from bench.benchmark import main; "
-             f"assert 'exporter' not in sys.modules; sys.path[:0] = {[str(specwatch)] if specwatch else []!r}; "
+             f"assert 'specwatch' not in sys.modules; sys.path[:0] = {[str(specwatch)] if specwatch else []!r}; "
              "sys.exit(main(sys.argv[1:]))")
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import httpx
 
-from exporter.demo.llamaserver import LlamaServer, free_port
-from exporter.demo.tinymodel import write_cycle_model
-from exporter.settings.schema import Settings
+from specwatch.demo.llamaserver import LlamaServer, free_port
+from specwatch.demo.tinymodel import write_cycle_model
+from specwatch.settings.schema import Settings
 from tests.support.metrics import Samples, find, parse
 from tests.support.router import PREDICTED, PROMPT, Router, answers, counters
 from tests.support.waiting import wait_until
@@ -198,7 +198,7 @@ def specwatch(config: Path, workdir: Path) -> Iterator[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                                       os.environ.get("PYTHONPATH")]))}
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(config),
+        process = subprocess.Popen([sys.executable, "-m", "specwatch", "run", "--config", str(config),
                                     "--listen", f"127.0.0.1:{port}", "--log-format", "json"],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     try:

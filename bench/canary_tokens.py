@@ -8,14 +8,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from exporter.demo.llamaserver import LlamaServer, LlamaServerError
-from exporter.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
-from exporter.probe import probes
-from exporter.probe.canary import Endpoint
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure
-from exporter.settings.schema import ServerConfig
+from specwatch.demo.llamaserver import LlamaServer, LlamaServerError
+from specwatch.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
+from specwatch.probe import probes
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure
+from specwatch.settings.schema import ServerConfig
 
 # Every speculation type that drafts without a second model (and draft-simple, MTP), plus a plain server that must
 # never show a fill-in.

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.canary_economy import Scraper, spread, verdict
-from exporter.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
-from exporter.demo.tinymodel import write_cycle_model
-from exporter.settings.schema import Settings
+from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
+from specwatch.demo.tinymodel import write_cycle_model
+from specwatch.settings.schema import Settings
 from tests.support.metrics import Samples
 from tests.support.router import answers
 from tests.support.simfleet import FleetOptions, SimFleetProcess
@@ -78,7 +78,7 @@ class Exporter:
         with (self.workdir / "specwatch.log").open("ab") as out:
             self.started_at = time.monotonic()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "exporter", "run", "--config", str(self.config), "--listen",
+                [sys.executable, "-m", "specwatch", "run", "--config", str(self.config), "--listen",
                  f"127.0.0.1:{self.port}", "--log-format", "json"], stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True)
         return self.started_at

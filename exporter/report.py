@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.probe.canary import Tally
-from exporter.state import ModelState
-from exporter.verdict import Verdict
+from specwatch.probe.canary import Tally
+from specwatch.state import ModelState
+from specwatch.verdict import Verdict
 
 
 @dataclass

@@ -9,13 +9,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from exporter.probe import probes
-from exporter.probe.canary import Endpoint, Tally
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure, Reason
-from exporter.settings.schema import ServerConfig
-from exporter.state import Change, Fleet, ModelState
-from exporter.verdict import Verdict
+from specwatch.probe import probes
+from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure, Reason
+from specwatch.settings.schema import ServerConfig
+from specwatch.state import Change, Fleet, ModelState
+from specwatch.verdict import Verdict
 
 T = TypeVar("T")
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 
-from exporter.probe.canary import Endpoint, Tally
-from exporter.probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
-from exporter.reasons import Reason
-from exporter.settings.schema import ServerConfig
-from exporter.verdict import Decision, EndpointEvidence, Evidence, decide
+from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
+from specwatch.reasons import Reason
+from specwatch.settings.schema import ServerConfig
+from specwatch.verdict import Decision, EndpointEvidence, Evidence, decide
 
 UNKNOWN = "unknown"
 """A model's status before any poll told it."""
@@ -119,7 +119,7 @@ class ModelState:
 
     @cached_property
     def decision(self) -> Decision:
-        """The verdict on this model, from `exporter.verdict` like every other consumer's."""
+        """The verdict on this model, from `specwatch.verdict` like every other consumer's."""
         return decide(self.evidence())
 
     def reconfigured(self, endpoints: tuple[Endpoint, ...]) -> ModelState:

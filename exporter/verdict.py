@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from exporter.probe.canary import TABLE, Tally
+from specwatch.probe.canary import TABLE, Tally
 
 
 class Verdict(StrEnum):

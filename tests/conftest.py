@@ -9,10 +9,10 @@ import httpx
 import pytest
 import structlog
 
-from exporter.daemon.watch import Watcher
-from exporter.probe.fetch import Fetcher
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon.watch import Watcher
+from specwatch.probe.fetch import Fetcher
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support import llamabuild
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     Delivery,
@@ -68,7 +68,7 @@ def test_a_second_bad_server_gets_its_own_page_while_the_first_is_open(tmp_path:
         config = yaml.safe_load((EXAMPLES / "specwatch.yml").read_text())
         config["servers"] = [{"name": n, "url": s.url} for n, s in (("plain", plain), ("first", first), ("second", second))]
         config.update(poll_interval=POLL, poll_timeout="900ms", canary_interval=CANARY)
-        specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config",
+        specwatch = Process("specwatch", [sys.executable, "-m", "specwatch", "run", "--config",
                                           write_yaml(tmp_path / "specwatch.yml", config), "--listen", exporter], tmp_path)
         managers = []
         for name, receiver, address, alt in (("chosen", chosen, chosen_address, False),

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.durations import parse_duration
-from exporter.probe.answers import Reading, Token
-from exporter.probe.canary import TABLE, Endpoint, classify
-from exporter.probe.fetch import parse_json
-from exporter.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.durations import parse_duration
+from specwatch.probe.answers import Reading, Token
+from specwatch.probe.canary import TABLE, Endpoint, classify
+from specwatch.probe.fetch import parse_json
+from specwatch.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
+from specwatch.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 
 settings.register_profile("specwatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,22 +14,23 @@ MAX_LINES = 450
 # Bottom first. A module may import from its own layer and those below, never above; within a layer the imports
 # form no cycle. Every module has a layer, so a new one is placed on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("exporter", "exporter.reasons", "exporter.durations", "exporter.filestamp", "exporter.problems"),
-    ("exporter.probe", "exporter.probe.*"),
-    ("exporter.verdict",),
-    ("exporter.settings", "exporter.settings.*"),
-    ("exporter.state", "exporter.report", "exporter.runner", "exporter.oneserver", "exporter.audit", "exporter.saved"),
-    ("exporter.check", "exporter.ask"),
-    ("exporter.daemon", "exporter.daemon.*"),
-    ("exporter.demo", "exporter.demo.*"),
-    ("exporter.cli", "exporter.__main__", "exporter.pytest_plugin"),
+    ("specwatch", "specwatch.reasons", "specwatch.durations", "specwatch.filestamp", "specwatch.problems"),
+    ("specwatch.probe", "specwatch.probe.*"),
+    ("specwatch.verdict",),
+    ("specwatch.settings", "specwatch.settings.*"),
+    ("specwatch.state", "specwatch.report", "specwatch.runner"),
+    # The two wings over one core: the eval side and the daemon; neither imports the other (see WINGS).
+    ("specwatch.gate", "specwatch.gate.*", "specwatch.daemon", "specwatch.daemon.*"),
+    ("specwatch.demo", "specwatch.demo.*"),
+    ("specwatch.cli", "specwatch.__main__"),
 )
+WINGS = ("specwatch.gate", "specwatch.daemon")
 
 
 def _modules() -> dict[str, Path]:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        name = ".".join(("specwatch", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
         found[name] = path
     return found
 
@@ -104,17 +105,35 @@ def test_only_the_exposition_imports_prometheus_client_in_the_runtime() -> None:
     importers = _importers_of("prometheus_client")
     # The demo reads /metrics with prometheus_client's text parser, as a user would; it is not part of `run` or `check`.
     assert importers, "the exposition imports prometheus_client"
-    assert {m for m in importers if not m.startswith(("exporter.daemon.exposition.", "exporter.demo"))} == set()
+    assert {m for m in importers if not m.startswith(("specwatch.daemon.exposition.", "specwatch.demo"))} == set()
 
 
 def test_probes_know_no_settings_and_no_metrics_and_settings_know_no_http() -> None:
     for module in _modules():
         imported = _imports(_modules()[module])
-        if module.startswith("exporter.probe"):
-            assert not any(n.startswith(("exporter.settings", "prometheus_client", "exporter.daemon")) for n in imported), module
-        if module.startswith("exporter.settings"):
-            assert not any(n.startswith(("httpx", "httpcore", "exporter.probe.fetch", "exporter.probe.client"))
+        if module.startswith("specwatch.probe"):
+            assert not any(n.startswith(("specwatch.settings", "prometheus_client", "specwatch.daemon")) for n in imported), module
+        if module.startswith("specwatch.settings"):
+            assert not any(n.startswith(("httpx", "httpcore", "specwatch.probe.fetch", "specwatch.probe.client"))
                            for n in imported), module
+
+
+def test_the_wings_never_import_each_other() -> None:
+    """The gate (check, ask, audit, the plugin, the API) and the daemon share the core below them, and nothing else."""
+    crossing = []
+    for module, path in _modules().items():
+        for wing in WINGS:
+            other = next(w for w in WINGS if w != wing)
+            if module == wing or module.startswith(wing + "."):
+                crossing += [(module, name) for name in _imports(path) if name == other or name.startswith(other + ".")]
+    assert crossing == []
+
+
+def test_settings_never_import_probes() -> None:
+    """The config is data: validating it reaches no probe (blackbox's config never imports its probers)."""
+    importing = {module: sorted(n for n in _imports(path) if n.startswith("specwatch.probe"))
+                 for module, path in _modules().items() if module.startswith("specwatch.settings")}
+    assert {m: names for m, names in importing.items() if names} == {}
 
 
 @pytest.mark.parametrize("module", sorted(_modules()))
@@ -139,7 +158,8 @@ def _readme_listing() -> list[str]:
         parent = folders[-1][1] if folders else ""
         for entry in (n.strip() for n in names.split(",")):
             if entry.endswith("/"):
-                dotted = entry.rstrip("/") if not parent else f"{parent}.{entry.rstrip('/')}"
+                # The source folder exporter/ installs as the package specwatch.
+                dotted = ("specwatch" if entry == "exporter/" else entry.rstrip("/")) if not parent else f"{parent}.{entry.rstrip('/')}"
                 folders.append((indent, dotted))
                 if parent:
                     listed.append(dotted)
@@ -153,6 +173,6 @@ def test_the_readme_lists_the_package_as_it_is_layered() -> None:
     """The README's listing names every module, and goes from the top layer down."""
     listed, modules = _readme_listing(), _modules()
     assert [m for m in listed if m not in modules] == [], "the README lists modules that do not exist"
-    assert sorted(set(modules) - set(listed) - {"exporter"}) == [], "the README's listing misses modules"
+    assert sorted(set(modules) - set(listed) - {"specwatch"}) == [], "the README's listing misses modules"
     placed = [(m, layer_of(m)) for m in listed]
     assert [layer for _, layer in placed] == sorted((layer for _, layer in placed), reverse=True), placed

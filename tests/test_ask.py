@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.ask import Exporter, ask
-from exporter.cli import main
-from exporter.daemon import api
-from exporter.daemon.web import WebApp
-from exporter.probe.canary import Endpoint
+from specwatch.gate.ask import Exporter, ask
+from specwatch.cli import main
+from specwatch.daemon import api
+from specwatch.daemon.web import WebApp
+from specwatch.probe.canary import Endpoint
 from tests.support.wire import FakeLlama, FakeRouter
 
 
@@ -133,7 +133,7 @@ async def test_an_exporter_that_cannot_be_asked_is_unchecked(fleet: Served) -> N
 async def test_basic_auth_on_the_exporter(make_watcher, clock, tmp_path: Path) -> None:
     import bcrypt
 
-    from exporter.daemon.websecurity import load_web_config
+    from specwatch.daemon.websecurity import load_web_config
 
     config = tmp_path / "web.yml"
     config.write_text(f"basic_auth_users:\n  gate: {bcrypt.hashpw(b'gate-secret', bcrypt.gensalt(4)).decode()}\n")
@@ -212,9 +212,9 @@ class DaemonThread:
         import asyncio
         import threading
 
-        from exporter.daemon.run import Daemon
-        from exporter.daemon.websecurity import load_web_config
-        from exporter.settings.loading import load_settings
+        from specwatch.daemon.run import Daemon
+        from specwatch.daemon.websecurity import load_web_config
+        from specwatch.settings.loading import load_settings
         from tests.support.net import free_port
 
         self.daemon = Daemon(config, load_settings(config))
@@ -249,8 +249,8 @@ def real_fleet(tmp_path_factory: pytest.TempPathFactory):
     import bcrypt
     import yaml
 
-    from exporter.demo.llamaserver import LlamaRouter, LlamaServer, router_preset
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, router_preset
+    from specwatch.demo.tinymodel import write_cycle_model
 
     work = tmp_path_factory.mktemp("ask")
     model = write_cycle_model(work / "cycle.gguf")
@@ -290,7 +290,7 @@ def _cli(exporter: str, *args: str) -> tuple[int, dict]:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "exporter", "check", "--exporter", exporter, "--json", *args],
+    done = subprocess.run([sys.executable, "-m", "specwatch", "check", "--exporter", exporter, "--json", *args],
                           capture_output=True, text=True, timeout=60)
     return done.returncode, json.loads(done.stdout)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.probe.asyncnet import AsyncioBackend
-from exporter.probe.client import _ServerPool, new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.probe.asyncnet import AsyncioBackend
+from specwatch.probe.client import _ServerPool, new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure, Reason
 from tests.support.certs import make_certs, server_tls
 from tests.support.net import free_port
 

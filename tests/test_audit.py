@@ -18,14 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.audit import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
-from exporter.cli import main
-from exporter.probe import probes
-from exporter.probe.canary import TABLE, Endpoint, classify
-from exporter.probe.fetch import Fetcher
-from exporter.probe.shapes import shape_of
-from exporter.saved import audit_file, read_answers, run_audit
-from exporter.settings.schema import ServerConfig
+from specwatch.gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
+from specwatch.cli import main
+from specwatch.probe import probes
+from specwatch.probe.canary import TABLE, Endpoint, classify
+from specwatch.probe.fetch import Fetcher
+from specwatch.gate.shapes import shape_of
+from specwatch.gate.audit import audit_file, read_answers, run_audit
+from specwatch.settings.schema import ServerConfig
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated
 from tests.support.wire import FakeLlama
@@ -152,7 +152,7 @@ def test_a_draft_server_s_answers_have_fill_ins_and_exit_1(endpoint: Endpoint, t
 def test_fill_ins_win_over_what_cannot_be_judged_and_over_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "draft.json").write_bytes(saved(FakeLlama.draft(tokens=16), Endpoint.CHAT))
     (tmp_path / "bad.jsonl").write_bytes(b'{"status": "ok"}\n')
-    result = subprocess.run([sys.executable, "-m", "exporter", "audit", str(tmp_path / "draft.json"), str(tmp_path / "bad.jsonl"),
+    result = subprocess.run([sys.executable, "-m", "specwatch", "audit", str(tmp_path / "draft.json"), str(tmp_path / "bad.jsonl"),
                              str(tmp_path / "missing.json")], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1
     assert f"{tmp_path / 'missing.json'}: cannot read {tmp_path / 'missing.json'}: No such file or directory" in result.stdout
@@ -186,7 +186,7 @@ def test_an_unknown_object_among_answers_is_blamed_on_its_line(tmp_path: Path) -
 
 @pytest.mark.real
 def test_an_unreadable_file_exits_2(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter", "audit", str(tmp_path)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "specwatch", "audit", str(tmp_path)], capture_output=True, text=True,
                             timeout=60, cwd=ROOT)
     assert result.returncode == 2 and "cannot read" in result.stdout and "Is a directory" in result.stdout
 
@@ -199,7 +199,7 @@ def test_a_gzipped_file_says_to_decompress_it(tmp_path: Path) -> None:
 @pytest.mark.real
 @pytest.mark.parametrize("args", [(), ("--bogus", "x")])
 def test_usage_errors_exit_64(args: tuple[str, ...]) -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter", "audit", *args], capture_output=True, text=True, timeout=60,
+    result = subprocess.run([sys.executable, "-m", "specwatch", "audit", *args], capture_output=True, text=True, timeout=60,
                             cwd=ROOT)
     assert result.returncode == 64 and "error:" in result.stderr and "Traceback" not in result.stderr
 
@@ -215,7 +215,7 @@ def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.real
 def test_standard_input(tmp_path: Path) -> None:
     content = saved(FakeLlama.draft(tokens=16), Endpoint.CHAT_STREAM)
-    result = subprocess.run([sys.executable, "-m", "exporter", "audit", "-"], input=content, capture_output=True, timeout=60,
+    result = subprocess.run([sys.executable, "-m", "specwatch", "audit", "-"], input=content, capture_output=True, timeout=60,
                             cwd=ROOT)
     assert result.returncode == 1 and b"<stdin>: 1 answer: 0 clean, 1 with fill-ins" in result.stdout
 
@@ -467,9 +467,9 @@ def test_what_is_not_an_answer_raises_not_an_answer(answer: Any, message: str) -
 
 @pytest.mark.real
 def test_the_api_reads_nothing_of_the_daemon() -> None:
-    script = ("import sys, exporter.audit\n"
-              "print(sorted(m for m in sys.modules if m.startswith(('exporter.daemon', 'prometheus_client', 'apscheduler', "
-              "'httpx', 'exporter.settings'))))\n")
+    script = ("import sys, specwatch.gate.received\n"
+              "print(sorted(m for m in sys.modules if m.startswith(('specwatch.daemon', 'prometheus_client', 'apscheduler', "
+              "'httpx', 'specwatch.settings'))))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
 
@@ -500,7 +500,7 @@ def test_memory_stays_flat_on_a_1_gib_jsonl(tmp_path: Path) -> None:
     for name, size in (("small", 1 << 20), ("large", 1 << 30)):
         path = tmp_path / f"{name}.jsonl"
         times = write_repeated(path, piece, size)
-        run = run_measured("exporter", ["audit", str(path), "--json"], cwd=ROOT, timeout=900)
+        run = run_measured("specwatch", ["audit", str(path), "--json"], cwd=ROOT, timeout=900)
         path.unlink()
         totals = json.loads(run.stdout)["totals"]
         assert (run.returncode, totals["answers"], totals["fill_in_answers"], totals["not_answers"]) == (1, 8 * times, 4 * times, 0)

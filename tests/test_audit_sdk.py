@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from exporter.audit import FillInLogprobs, Status, require_real, tally
-from exporter.probe.canary import CHAT_INSTRUCTION, PROMPT_TEXT
+from specwatch.gate.received import FillInLogprobs, Status, require_real, tally
+from specwatch.probe.canary import CHAT_INSTRUCTION, PROMPT_TEXT
 
 pytestmark = pytest.mark.real
 
@@ -25,8 +25,8 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     """What the SDK returned on each server: a ChatCompletion, a Completion, and every chunk of each stream."""
     from openai import OpenAI
 
-    from exporter.demo.llamaserver import LlamaServer
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.demo.tinymodel import write_cycle_model
 
     model = write_cycle_model(tmp_path_factory.mktemp("audit") / "cycle.gguf")
     found = {}
@@ -85,7 +85,7 @@ def test_audit_reads_the_sdk_dumps(answers: dict[str, dict[str, Any]], tmp_path:
     for kind in ("plain", "draft"):
         paths[kind] = tmp_path / f"{kind}.jsonl"
         paths[kind].write_bytes(dumped(answers[kind]))
-    runs = {kind: subprocess.run([sys.executable, "-m", "exporter", "audit", str(path), "--json"], capture_output=True,
+    runs = {kind: subprocess.run([sys.executable, "-m", "specwatch", "audit", str(path), "--json"], capture_output=True,
                                  text=True, timeout=60, cwd=ROOT) for kind, path in paths.items()}
     plain, draft = (json.loads(runs[kind].stdout)["files"][0] for kind in ("plain", "draft"))
     assert (runs["plain"].returncode, plain["answers"], plain["clean"], plain["judged_tokens"], plain["fill_ins"]) == (
@@ -93,7 +93,7 @@ def test_audit_reads_the_sdk_dumps(answers: dict[str, dict[str, Any]], tmp_path:
     assert plain["shapes"] == dict.fromkeys(SHAPES, 1)
     assert (runs["draft"].returncode, draft["answers"], draft["fill_in_answers"], draft["drafted"]) == (1, 4, 4, 4)
     assert draft["fill_ins"] == sum(tally(answers["draft"][shape]).fill_ins for shape in SHAPES)
-    both = subprocess.run([sys.executable, "-m", "exporter", "audit", str(paths["plain"]), str(paths["draft"])],
+    both = subprocess.run([sys.executable, "-m", "specwatch", "audit", str(paths["plain"]), str(paths["draft"])],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert both.returncode == 1 and both.stdout.splitlines()[-1].startswith("FILL_INS: 4 of 8 answers in 2 files carry")
 

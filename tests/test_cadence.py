@@ -7,12 +7,12 @@ import math
 import random
 from dataclasses import replace
 
-from exporter.daemon.cadence import MAX_STRETCH, due, spacing
-from exporter.probe.canary import Endpoint, Tally
-from exporter.probe.llama import Props, Slots
-from exporter.probe.probes import ModelPoll, PollResult
-from exporter.reasons import Reason
-from exporter.state import CanaryState, ModelState
+from specwatch.daemon.cadence import MAX_STRETCH, due, spacing
+from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.llama import Props, Slots
+from specwatch.probe.probes import ModelPoll, PollResult
+from specwatch.reasons import Reason
+from specwatch.state import CanaryState, ModelState
 
 ENDPOINTS = (Endpoint.COMPLETION, Endpoint.CHAT, Endpoint.CHAT_STREAM)
 INTERVAL = 60.0

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from exporter.daemon.cadence import spacing
-from exporter.daemon.schedule import Schedule
-from exporter.daemon.watch import Watcher
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
-from exporter.probe.canary import Endpoint
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.settings.schema import Settings
-from exporter.state import Fleet, ModelState
-from exporter.verdict import Verdict
+from specwatch.daemon.cadence import spacing
+from specwatch.daemon.schedule import Schedule
+from specwatch.daemon.watch import Watcher
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import write_cycle_model
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet, ModelState
+from specwatch.verdict import Verdict
 from tests.support.router import PREDICTED, ROUTER_MODEL, Router, counters
 from tests.support.waiting import wait_until_async
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.daemon.watch import Watcher
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import Reason
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon.watch import Watcher
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import write_cycle_model
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import Reason
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 
 pytestmark = pytest.mark.real
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from exporter.probe.answers import Reading, Token
-from exporter.probe.canary import TABLE, Endpoint, classify
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.probe.answers import Reading, Token
+from specwatch.probe.canary import TABLE, Endpoint, classify
+from specwatch.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 
 
@@ -204,7 +204,7 @@ SPECULATION = {
 
 @pytest.fixture(scope="module")
 def cycle_model(tmp_path_factory: pytest.TempPathFactory):
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.tinymodel import write_cycle_model
 
     return write_cycle_model(tmp_path_factory.mktemp("canary") / "cycle.gguf")
 
@@ -215,10 +215,10 @@ async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_mod
     """Build 11434, fresh server per kind, every endpoint in the canary's order at the speculating size (32 tokens)."""
     import httpx
 
-    from exporter.demo.llamaserver import LlamaServer
-    from exporter.probe import probes
-    from exporter.probe.fetch import Fetcher
-    from exporter.settings.schema import ServerConfig
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.probe import probes
+    from specwatch.probe.fetch import Fetcher
+    from specwatch.settings.schema import ServerConfig
 
     args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]
     with LlamaServer(cycle_model, args) as server:

@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from exporter.check import render_text, run_check
-from exporter.probe.canary import Endpoint
-from exporter.settings.schema import ServerConfig
-from exporter.verdict import Verdict
+from specwatch.gate.check import render_text, run_check
+from specwatch.probe.canary import Endpoint
+from specwatch.settings.schema import ServerConfig
+from specwatch.verdict import Verdict
 from tests.support.wire import FakeLlama
 
 
@@ -266,8 +266,8 @@ async def test_each_failed_endpoint_carries_its_closed_set_reason() -> None:
 @pytest.fixture(scope="module")
 def real_pair(tmp_path_factory: pytest.TempPathFactory):
     """A real plain and a real draft-simple llama-server on the tiny cycle model."""
-    from exporter.demo.llamaserver import LlamaServer
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.demo.tinymodel import write_cycle_model
 
     model = write_cycle_model(tmp_path_factory.mktemp("pair") / "cycle.gguf")
     with LlamaServer.of_kind("plain", model) as plain, LlamaServer.of_kind("draft", model) as draft:
@@ -278,7 +278,7 @@ def _cli_check(url: str, *args: str) -> tuple[int, dict]:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "exporter", "check", url, "--json", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "specwatch", "check", url, "--json", *args], capture_output=True, text=True,
                           timeout=300)
     return done.returncode, json.loads(done.stdout)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import main
+from specwatch.cli import main
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run([sys.executable, "-m", "specwatch", *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +92,7 @@ def test_check_config_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
     config.write_text("servers:\n" + "".join(f"  - {{name: s{i}, url: 'http://h:{1000 + i}'}}\n" for i in range(5000)))
     result = subprocess.run(
-        f"{sys.executable} -m exporter run --config {config} --check-config | head -1", shell=True,
+        f"{sys.executable} -m specwatch run --config {config} --check-config | head -1", shell=True,
         capture_output=True, text=True, timeout=60,
     )
     assert result.stdout.startswith("config OK: 5000 server(s)")
@@ -160,7 +160,7 @@ def test_a_config_from_a_pipe_is_read_once_and_the_environment_wins(tmp_path: Pa
     env = {**os.environ, "SPECWATCH_POLL_INTERVAL": "30s"}
     env.pop("SPECWATCH_CONFIG_FILE", None)
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "run", "--config", "/dev/stdin", "--check-config"],
+        [sys.executable, "-m", "specwatch", "run", "--config", "/dev/stdin", "--check-config"],
         input="servers:\n  - {name: piped, url: 'http://h:1'}\npoll_interval: 10s\ncanary_interval: 2m\n",
         capture_output=True, text=True, timeout=60, env=env,
     )

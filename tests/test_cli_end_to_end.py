@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.demo.llamaserver import LlamaServer, free_port
-from exporter.demo.tinymodel import write_cycle_model
-from exporter.probe.canary import Endpoint
+from specwatch.demo.llamaserver import LlamaServer, free_port
+from specwatch.demo.tinymodel import write_cycle_model
+from specwatch.probe.canary import Endpoint
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until
@@ -85,7 +85,7 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
     log = workdir / "specwatch.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "run", "--config", str(config), "--listen", f"127.0.0.1:{port}",
+            [sys.executable, "-m", "specwatch", "run", "--config", str(config), "--listen", f"127.0.0.1:{port}",
              "--log-level", "debug"],
             stdout=out, stderr=subprocess.STDOUT,
         )
@@ -167,7 +167,7 @@ def test_plain_server_never_shows_a_fill_in(exporter_metrics: tuple[str, Path]) 
 
 
 def _check(*args: str) -> tuple[int, dict]:
-    result = subprocess.run([sys.executable, "-m", "exporter", "check", *args, "--json"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
                             timeout=120)
     return result.returncode, json.loads(result.stdout)
 
@@ -238,7 +238,7 @@ def test_check_refuses_an_unreachable_server() -> None:
 
 
 def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter", "demo", "--listen", f"127.0.0.1:{free_port()}"],
+    result = subprocess.run([sys.executable, "-m", "specwatch", "demo", "--listen", f"127.0.0.1:{free_port()}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     names = ("plain ", "draft ", "ngram ", "router/plain ", "router/draft ", "router/cold ")
@@ -261,7 +261,7 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
 def test_a_kept_running_demo_stopped_by_a_signal_stops_everything_it_started(stop: signal.Signals) -> None:
     """kill, a closed terminal or a service manager must not leave llama-servers and the exporter behind."""
     port = free_port()
-    demo = subprocess.Popen([sys.executable, "-m", "exporter", "demo", "--keep-running", "--listen", f"127.0.0.1:{port}"],
+    demo = subprocess.Popen([sys.executable, "-m", "specwatch", "demo", "--keep-running", "--listen", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     try:

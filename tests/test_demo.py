@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.demo import closing_hint
+from specwatch.demo import closing_hint
 
 URL = "http://127.0.0.1:9824/metrics"
 
@@ -20,8 +20,8 @@ def test_with_keep_running_the_hint_shows_the_curl_and_the_page() -> None:
 
 
 def test_the_demo_config_is_valid(tmp_path) -> None:
-    from exporter.demo import demo_config
-    from exporter.settings.loading import load_settings
+    from specwatch.demo import demo_config
+    from specwatch.settings.loading import load_settings
 
     path = tmp_path / "specwatch.yml"
     path.write_text(demo_config({"plain": "http://127.0.0.1:8001", "draft": "http://127.0.0.1:8002"}))

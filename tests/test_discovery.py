@@ -11,10 +11,10 @@ import pytest
 import structlog
 import yaml
 
-from exporter.daemon.discovery import Discovery, servers_from_groups, targets_out
-from exporter.problems import ConfigError
-from exporter.settings.loading import load_settings
-from exporter.settings.schema import FileSDConfig, Settings
+from specwatch.daemon.discovery import Discovery, servers_from_groups, targets_out
+from specwatch.problems import ConfigError
+from specwatch.settings.loading import load_settings
+from specwatch.settings.schema import FileSDConfig, Settings
 from tests.support.faults import Redirect, Respond
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value

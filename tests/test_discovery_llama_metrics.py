@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer, free_port
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.demo.llamaserver import LlamaServer, free_port
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.chain import EXAMPLES, RULES, http_ok, prometheus_query
 from tests.support.chain import prometheus as chain_prometheus
 from tests.support.process import ExporterProcess

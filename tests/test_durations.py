@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.durations import format_duration, parse_duration, parse_timeout
+from specwatch.durations import format_duration, parse_duration, parse_timeout
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("15s", 15), ("1m30s", 90), ("500ms", 0.5), ("2h", 7200), (7, 7), ("2.5", 2.5),

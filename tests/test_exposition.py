@@ -12,15 +12,15 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.daemon.discovery import SourceStatus
-from exporter.daemon.exposition.registry import SpecwatchCollector
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.watch import Watcher
-from exporter.daemon.web import WebApp
-from exporter.probe.fetch import Fetcher
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon.discovery import SourceStatus
+from specwatch.daemon.exposition.registry import SpecwatchCollector
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.exposition.serve import Exposition
+from specwatch.daemon.watch import Watcher
+from specwatch.daemon.web import WebApp
+from specwatch.probe.fetch import Fetcher
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 
@@ -71,8 +71,8 @@ def test_no_sample_carries_a_timestamp() -> None:
 
 def test_endpoint_serves_metrics_landing_page_and_health() -> None:
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
-    from exporter.daemon import landing
-    from exporter.verdict import Verdict
+    from specwatch.daemon import landing
+    from specwatch.verdict import Verdict
 
     reloads = []
     row = landing.Row(server="a<b>", url="http://h:1", verdict=Verdict.UNCHECKED, summary="not polled yet", poll="not polled")
@@ -96,7 +96,7 @@ def test_endpoint_serves_metrics_landing_page_and_health() -> None:
 
 
 def test_listens_on_ipv6_loopback() -> None:
-    from exporter.daemon.web import parse_listen
+    from specwatch.daemon.web import parse_listen
 
     app = WebApp(Exposition(Fleet(), lambda: ExporterStatus(15.0, 60.0)).scrape, page=lambda: "", reload=lambda: None)
     host, port = app.start(*parse_listen("[::1]:0"))
@@ -126,8 +126,8 @@ def test_a_stalled_client_is_dropped_and_others_are_served(capfd) -> None:
 
 @pytest.mark.real
 def test_daemon_serves_the_fast_text_and_openmetrics_with_process_metrics() -> None:
-    from exporter.daemon.run import Daemon
-    from exporter.settings.loading import load_settings
+    from specwatch.daemon.run import Daemon
+    from specwatch.settings.loading import load_settings
 
     daemon = Daemon(None, load_settings(None))
     app = daemon.web_app()

@@ -11,14 +11,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.daemon.exposition import samples
-from exporter.daemon.exposition.registry import SpecwatchCollector
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.exposition.text import TextRenderer
-from exporter.daemon.web import WebApp
-from exporter.probe.canary import Endpoint
-from exporter.settings.schema import Settings
+from specwatch.daemon.exposition import samples
+from specwatch.daemon.exposition.registry import SpecwatchCollector
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.exposition.serve import Exposition
+from specwatch.daemon.exposition.text import TextRenderer
+from specwatch.daemon.web import WebApp
+from specwatch.probe.canary import Endpoint
+from specwatch.settings.schema import Settings
 from tests.support.wire import FakeLlama
 
 
@@ -29,7 +29,7 @@ def _registry_text(fleet, status) -> bytes:
 
 
 def test_every_server_family_is_rendered_by_exactly_one_group() -> None:
-    from exporter.daemon.exposition.catalog import SERVER
+    from specwatch.daemon.exposition.catalog import SERVER
 
     grouped = [f for g in samples.GROUPS for f in g.families]
     assert sorted(grouped) == sorted(f.name for f in SERVER) and len(grouped) == len(set(grouped))
@@ -81,7 +81,7 @@ async def test_an_unchanged_fleet_rebuilds_no_line(make_watcher, monkeypatch) ->
 
         return replace(group, samples=build)
 
-    monkeypatch.setattr("exporter.daemon.exposition.text.GROUPS", tuple(counting(g) for g in samples.GROUPS))
+    monkeypatch.setattr("specwatch.daemon.exposition.text.GROUPS", tuple(counting(g) for g in samples.GROUPS))
     renderer.text()
     renderer.text()
     assert built == []
@@ -105,7 +105,7 @@ async def test_series_per_server(make_watcher) -> None:
 
 @pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])
 def test_the_endpoint_serves_gzip_that_decompresses_to_the_plain_answer(accept: str | None) -> None:
-    from exporter.state import Fleet
+    from specwatch.state import Fleet
 
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
     app = WebApp(exposition.scrape, page=lambda: "", reload=lambda: None)
@@ -147,7 +147,7 @@ async def test_a_scrape_serves_what_was_just_prepared_unless_servers_or_settings
 
     renderer.prepare()
     await watcher.poll("a")
-    monkeypatch.setattr("exporter.daemon.exposition.text.PREPARED_FOR", 0.0)  # a preparation too old is not served
+    monkeypatch.setattr("specwatch.daemon.exposition.text.PREPARED_FOR", 0.0)  # a preparation too old is not served
     assert renderer.text() == _registry_text(watcher.fleet, lambda: status)
 
 
@@ -157,7 +157,7 @@ async def test_the_scrapes_of_one_preparation_compress_the_fleet_once(make_watch
     await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
     exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
     exposition.renderer.prepare()
-    from exporter.daemon.exposition import serve
+    from specwatch.daemon.exposition import serve
 
     made: list[bytes] = []
     original = serve._GzipPrefix.__init__
@@ -178,8 +178,8 @@ async def test_the_scrapes_of_one_preparation_compress_the_fleet_once(make_watch
 
 def test_the_daemons_scrapes_serve_what_its_background_thread_prepared(monkeypatch) -> None:
     """The daemon's status function makes a new object per call: a scrape must still find the preparation current."""
-    from exporter.daemon.run import Daemon
-    from exporter.settings.loading import load_settings
+    from specwatch.daemon.run import Daemon
+    from specwatch.settings.loading import load_settings
 
     daemon = Daemon(None, load_settings(None))
     renderer = daemon.exposition.renderer
@@ -211,7 +211,7 @@ def test_the_text_format_is_served_to_every_scraper_that_accepts_it(accept: str 
     """Prometheus lists OpenMetrics first but accepts the text format, which the incremental renderer serves; rendering
     OpenMetrics means collecting every family afresh (1.5 s at 1,000 servers), so only a scraper that asks for nothing
     else gets it, as Go exporters do unless told otherwise."""
-    from exporter.state import Fleet
+    from specwatch.state import Fleet
 
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
     collected = []

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure, Reason
 
 OK = json.dumps({"status": "ok"}).encode()
 

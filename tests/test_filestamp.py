@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.filestamp import file_stamp
+from specwatch.filestamp import file_stamp
 
 
 def test_a_stamp_changes_with_every_kind_of_rewrite(tmp_path: Path) -> None:

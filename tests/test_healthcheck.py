@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.daemon.healthcheck import TIMEOUT, _address, listen_addresses
-from exporter.daemon.web import DEFAULT_PORT
+from specwatch.daemon.healthcheck import TIMEOUT, _address, listen_addresses
+from specwatch.daemon.web import DEFAULT_PORT
 from tests.support.certs import make_certs
 from tests.support.dockerfile import healthcheck_options
 from tests.support.net import refused_url
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def healthcheck(*pids: int) -> subprocess.CompletedProcess[str]:
     args = [arg for pid in pids for arg in ("--pid", str(pid))]
-    return subprocess.run([sys.executable, "-m", "exporter.daemon.healthcheck", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "specwatch.daemon.healthcheck", *args], capture_output=True, text=True,
                           timeout=30, cwd=REPO)
 
 

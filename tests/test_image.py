@@ -14,9 +14,9 @@ import httpx
 import pytest
 import yaml
 
-from exporter.daemon.healthcheck import TIMEOUT
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.daemon.healthcheck import TIMEOUT
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.docker import Container, Docker, base_image, build, daemon
 from tests.support.dockerfile import last, user
 from tests.support.metrics import find, scrape

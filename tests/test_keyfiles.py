@@ -9,7 +9,7 @@ import pytest
 import structlog
 import yaml
 
-from exporter.settings.schema import ServerConfig
+from specwatch.settings.schema import ServerConfig
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
 from tests.support.process import ExporterProcess

@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.daemon.web import DEFAULT_PORT, HEALTHY_PATH, READY_PATH
+from specwatch.daemon.web import DEFAULT_PORT, HEALTHY_PATH, READY_PATH
 from tests.support import dockerfile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -204,7 +204,7 @@ def test_specwatch_accepts_the_args_and_config_and_the_pods_split_the_fleet(buil
     for index in range(statefulset["spec"]["replicas"]):
         args = [arg.replace("$(POD_INDEX)", str(index)) for arg in container(statefulset)["args"]]
         args = [f"--config={local_config}" if arg.startswith("--config=") else arg for arg in args]
-        result = subprocess.run([sys.executable, "-m", "exporter", "run", *args, "--check-config"], capture_output=True,
+        result = subprocess.run([sys.executable, "-m", "specwatch", "run", *args, "--check-config"], capture_output=True,
                                 text=True, timeout=60, cwd=REPO)
         assert result.returncode == 0, result.stderr
         watched += re.findall(r"^  (\S+): ", result.stdout, flags=re.M)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from exporter.daemon import landing
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.web import WebApp
+from specwatch.daemon import landing
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.exposition.serve import Exposition
+from specwatch.daemon.web import WebApp
 from tests.support.wire import FakeLlama
 
 pytestmark = pytest.mark.real

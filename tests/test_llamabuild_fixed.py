@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import cycle_text, write_cycle_model
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import cycle_text, write_cycle_model
 from tests.support.llamabuild import FILL_PROBS_ENV, FILL_PROBS_ON
 
 pytestmark = pytest.mark.real
@@ -184,7 +184,7 @@ def _check(url: str, *args: str) -> tuple[int, dict]:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "exporter", "check", url, "--json", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "specwatch", "check", url, "--json", *args], capture_output=True, text=True,
                           timeout=300)
     return done.returncode, json.loads(done.stdout)
 
@@ -209,7 +209,7 @@ def test_the_daemon_on_the_fixed_build(servers, tmp_path):
     """A fleet on the fixed build: the verdict names the endpoint with fill-ins; a daemon asking only fixed ones says clean."""
     import yaml
 
-    from exporter.probe.canary import Endpoint
+    from specwatch.probe.canary import Endpoint
     from tests.support.metrics import find, scrape
     from tests.support.process import ExporterProcess
     from tests.support.waiting import wait_until

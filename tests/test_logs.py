@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from exporter.daemon import logs
+from specwatch.daemon import logs
 from tests.support.net import HOST
 from tests.support.process import ExporterProcess
 

@@ -30,7 +30,7 @@ def test_readme_gives_exactly_two_setup_commands_demo_and_tests() -> None:
 
 
 def test_both_commands_build_llama_cpp_with_the_flags_the_patched_build_uses() -> None:
-    from exporter.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT
+    from specwatch.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT
     from tests.support import llamabuild
 
     wanted = f'CMAKE_ARGS="{" ".join(CMAKE_FLAGS)}"'
@@ -63,7 +63,7 @@ def test_image_runs_specwatch_as_a_non_root_user() -> None:
 
 def test_console_script_and_python_floor() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["specwatch"] == "exporter.cli:main"
+    assert project["scripts"]["specwatch"] == "specwatch.cli:main"
     assert project["requires-python"] == ">=3.11"
 
 
@@ -81,21 +81,21 @@ def test_run_and_check_never_import_the_demo(tmp_path: Path) -> None:
     config.write_text("servers:\n  - {name: a, url: 'http://127.0.0.1:9'}\n")
     script = (
         "import sys\n"
-        "sys.modules['exporter.demo'] = None  # as in the image: importing it fails\n"
-        "from exporter import cli\n"
+        "sys.modules['specwatch.demo'] = None  # as in the image: importing it fails\n"
+        "from specwatch import cli\n"
         f"assert cli.main(['run', '--config', {str(config)!r}, '--check-config']) == 0\n"
         "assert cli.main(['check', 'http://127.0.0.1:9', '--timeout', '1']) == 2\n"
-        "import exporter.daemon.run, exporter.check\n"
-        "print(sorted(m for m in sys.modules if m.startswith('exporter.demo')))\n"
+        "import specwatch.daemon.run, specwatch.gate.check\n"
+        "print(sorted(m for m in sys.modules if m.startswith('specwatch.demo')))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "['exporter.demo']"  # only the None placeholder
+    assert result.stdout.strip().splitlines()[-1] == "['specwatch.demo']"  # only the None placeholder
 
 
 @pytest.mark.real
 def test_demo_without_the_demo_package_says_how_to_get_it() -> None:
-    script = "import sys\nsys.modules['exporter.demo'] = None\nfrom exporter import cli\nsys.exit(cli.main(['demo']))\n"
+    script = "import sys\nsys.modules['specwatch.demo'] = None\nfrom specwatch import cli\nsys.exit(cli.main(['demo']))\n"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 2
     assert "pip install 'specwatch[demo]'" in result.stderr and "Traceback" not in result.stderr
@@ -137,9 +137,9 @@ def test_the_image_leaves_the_demo_out_of_its_wheel(tmp_path: Path) -> None:
         assert (tmp_path / source.relative_to(workdir)).exists(), source
     [wheel] = (tmp_path / "wheels").glob("specwatch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "exporter/cli.py" in names and "exporter/daemon/run.py" in names and "exporter/probe/canary.py" in names
-    assert "exporter/daemon/healthcheck.py" in names
-    assert not [n for n in names if n.startswith("exporter/demo")]
+    assert "specwatch/cli.py" in names and "specwatch/daemon/run.py" in names and "specwatch/probe/canary.py" in names
+    assert "specwatch/daemon/healthcheck.py" in names and "specwatch/py.typed" in names
+    assert not [n for n in names if n.startswith(("specwatch/demo", "exporter/"))]
     # The final stage installs the runtime dependencies first, then the wheel: the same list as the package's.
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert (tmp_path / "requirements.txt").read_text().splitlines() == dependencies

@@ -14,12 +14,12 @@ import httpx
 import pytest
 import structlog
 
-from exporter.daemon.watch import Watcher
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher, classify_transport_error
-from exporter.reasons import Reason
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon.watch import Watcher
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher, classify_transport_error
+from specwatch.reasons import Reason
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import CloseAtOnce, Hang, Huge, Mutate, Raw, Redirect, Reset, Respond, Status, Trickle, Truncated
 from tests.support.loopback import FaultServer

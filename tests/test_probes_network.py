@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import structlog
 
-import exporter.probe.client
-import exporter.probe.fetch
-from exporter.daemon import logs
-from exporter.daemon.cadence import spacing
-from exporter.demo.llamaserver import LlamaServer, server_args
-from exporter.demo.tinymodel import write_cycle_model
+import specwatch.probe.client
+import specwatch.probe.fetch
+from specwatch.daemon import logs
+from specwatch.daemon.cadence import spacing
+from specwatch.demo.llamaserver import LlamaServer, server_args
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.metrics import Samples, value
 from tests.support.net import free_port, stranded_sockets
 from tests.support.netfault import (
@@ -203,7 +203,7 @@ def held(rig: Rig) -> Held:
         watcher = daemon.watcher
 
         def busy() -> str:
-            probes, rounds, left = len(watcher._in_flight), len(watcher._rounds), len(exporter.probe.fetch._detached)
+            probes, rounds, left = len(watcher._in_flight), len(watcher._rounds), len(specwatch.probe.fetch._detached)
             return f"probes in flight {probes}, canary rounds {rounds}, exchanges left to end {left}" if probes or rounds or left else ""
 
         # A job the scheduler fired just before the pause may not have claimed its probe yet: quiet twice in a row.
@@ -431,7 +431,7 @@ def check(rig: Rig, run: Run, *, poll_reasons: set[str], canary_reasons: set[str
     problems.expect(before.stranded == after.stranded == 0, f"CLOSE_WAIT {before.stranded} -> {after.stranded}")
     problems.expect(sum(after.left_after_close.values()) == sum(before.left_after_close.values()) == 0,
                     f"sockets left once the pools closed {before.left_after_close} -> {after.left_after_close}")
-    problems.expect(all(len(s) <= exporter.probe.client.CONNECTIONS_PER_SERVER for s in after.sockets.values()),
+    problems.expect(all(len(s) <= specwatch.probe.client.CONNECTIONS_PER_SERVER for s in after.sockets.values()),
                     f"sockets {after.sockets}")
     run.figures.update(held_before=before.report(), held_after=after.report())
     print(f"\n{target}: " + "; ".join(f"{k}: {v}" for k, v in run.figures.items()))

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter.problems import NamesItsKey, parse_yaml, problem_lines, refusing_also, yaml_problem
+from specwatch.problems import NamesItsKey, parse_yaml, problem_lines, refusing_also, yaml_problem
 
 
 def _tag(value: Any) -> Any:

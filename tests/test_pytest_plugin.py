@@ -1,4 +1,4 @@
-"""The pytest plugin (exporter/pytest_plugin.py), run by pytester: the session gate, its options, the fixture, the exporter form."""
+"""The pytest plugin (exporter/gate/pytest_plugin.py), run by pytester: the session gate, its options, the fixture, the exporter form."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED, Defaults, defaults_of
+from specwatch.gate.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED, Defaults, defaults_of
 from tests.support.loopback import FaultServer
 from tests.support.net import refused_url
 from tests.support.process import ExporterProcess
@@ -35,7 +35,7 @@ PASSING_SUITE = "def test_scores():\n    open('scored', 'w').close()\n"
 def plugin_args() -> list[str]:
     """Load the plugin as the environment has it: through its `pytest11` entry point once installed, else by name."""
     installed = entry_points(group="pytest11", name="specwatch")
-    return [] if installed else ["-p", "exporter.pytest_plugin"]
+    return [] if installed else ["-p", "specwatch.gate.pytest_plugin"]
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -43,7 +43,7 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
     Whatever else the environment has installed would run inside this test's process too: pytest-benchmark, for one,
     starts `git` when a session begins, which the quick suite refuses. The subprocess tests load every plugin."""
-    named = ["-p", "specwatch"] if entry_points(group="pytest11", name="specwatch") else ["-p", "exporter.pytest_plugin"]
+    named = ["-p", "specwatch"] if entry_points(group="pytest11", name="specwatch") else ["-p", "specwatch.gate.pytest_plugin"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
         # In-process, the plugin module is already imported: pytest cannot rewrite its asserts (it has none), and says so.
@@ -120,10 +120,10 @@ def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytes
         import sys
 
         def test_nothing_of_specwatch_was_loaded(request):
-            loaded = sorted(m for m in sys.modules if m.startswith("exporter."))
-            assert loaded == ["exporter.pytest_plugin"], loaded
+            loaded = sorted(m for m in sys.modules if m.startswith("specwatch."))
+            assert loaded == ["specwatch.gate.pytest_plugin"], loaded
             assert request.config.pluginmanager.has_plugin("specwatch") or request.config.pluginmanager.has_plugin(
-                "exporter.pytest_plugin")
+                "specwatch.gate.pytest_plugin")
     """)
     result = pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
@@ -293,11 +293,11 @@ def test_run_and_check_never_import_the_plugin_or_pytest(tmp_path: Path) -> None
     script = (
         "import sys\n"
         "sys.modules['pytest'] = None  # as where pytest is not installed: importing it fails\n"
-        "from exporter import cli\n"
+        "from specwatch import cli\n"
         f"assert cli.main(['run', '--config', {str(config)!r}, '--check-config']) == 0\n"
         "assert cli.main(['check', 'http://127.0.0.1:9', '--timeout', '1']) == 2\n"
         "assert cli.main(['check', '--exporter', 'http://127.0.0.1:9', '--timeout', '1']) == 2\n"
-        "import exporter.daemon.run, exporter.check, exporter.ask\n"
+        "import specwatch.daemon.run, specwatch.gate.check, specwatch.gate.ask\n"
         "print(sorted(m for m in sys.modules if 'pytest' in m))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -307,7 +307,7 @@ def test_run_and_check_never_import_the_plugin_or_pytest(tmp_path: Path) -> None
 
 def test_the_defaults_with_no_option_given_are_checks_defaults() -> None:
     """The plugin spells them out so that loading it imports nothing of specwatch; they must not drift from check's."""
-    from exporter.cli import DEFAULT_TIMEOUT, DEFAULT_TOKENS
+    from specwatch.gate.options import DEFAULT_TIMEOUT, DEFAULT_TOKENS
 
     assert Defaults() == defaults_of({})
     assert (Defaults().tokens, Defaults().timeout) == (DEFAULT_TOKENS, DEFAULT_TIMEOUT)
@@ -315,7 +315,7 @@ def test_the_defaults_with_no_option_given_are_checks_defaults() -> None:
 
 def test_the_base_install_registers_the_plugin() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["entry-points"]["pytest11"] == {"specwatch": "exporter.pytest_plugin"}
+    assert project["entry-points"]["pytest11"] == {"specwatch": "specwatch.gate.pytest_plugin"}
     assert not any(d.split("[")[0].split(">")[0].split("=")[0].strip() == "pytest" for d in project["dependencies"])
 
 
@@ -399,8 +399,8 @@ def test_asks_a_running_exporter_with_basic_auth(suite: pytest.Pytester, tmp_pat
 
 @pytest.fixture(scope="module")
 def real_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    from exporter.demo.llamaserver import LlamaServer
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.demo.tinymodel import write_cycle_model
 
     model = write_cycle_model(tmp_path_factory.mktemp("plugin") / "cycle.gguf")
     with LlamaServer.of_kind("draft", model) as speculating, LlamaServer.of_kind("plain", model) as plain_server:

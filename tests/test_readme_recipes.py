@@ -34,8 +34,8 @@ def recipe(title: str, language: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    from exporter.demo.llamaserver import LlamaServer
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.demo.tinymodel import write_cycle_model
 
     model = write_cycle_model(tmp_path_factory.mktemp("recipes") / "cycle.gguf")
     with LlamaServer.of_kind("draft", model) as draft, LlamaServer.of_kind("plain", model) as plain:

@@ -7,9 +7,9 @@ import json
 
 import httpx
 
-from exporter.check import render_text, run_check
-from exporter.probe.canary import Endpoint
-from exporter.settings.schema import ServerConfig
+from specwatch.gate.check import render_text, run_check
+from specwatch.probe.canary import Endpoint
+from specwatch.settings.schema import ServerConfig
 from tests.support.fakes import fleet_transport
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama, FakeRouter

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.demo.llamaserver import LlamaRouter, router_preset
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.demo.llamaserver import LlamaRouter, router_preset
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until
@@ -38,7 +38,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaRouter]:
 
 
 def _check(*args: str) -> tuple[int, dict]:
-    result = subprocess.run([sys.executable, "-m", "exporter", "check", *args, "--json", "--tokens", "16"],
+    result = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json", "--tokens", "16"],
                             capture_output=True, text=True, timeout=180)
     return result.returncode, json.loads(result.stdout)
 

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.generate import ConfigError, Recorded, RulesConfig
-from exporter.daemon.discovery import SourceStatus
-from exporter.daemon.exposition.registry import SpecwatchCollector
-from exporter.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.discovery import SourceStatus
+from specwatch.daemon.exposition.registry import SpecwatchCollector
+from specwatch.daemon.exposition.samples import ExporterStatus
 from tests.support.chain import (
     ALERTS,
     EXAMPLES,
@@ -379,7 +379,7 @@ def test_example_alertmanager_leaves_other_alerts_alone() -> None:
 @pytest.mark.real
 def test_example_specwatch_config_passes_check_config(monkeypatch) -> None:
     monkeypatch.setenv("LLAMA_API_KEY", "example-key")
-    result = subprocess.run([sys.executable, "-m", "exporter", "run", "--check-config", "--config",
+    result = subprocess.run([sys.executable, "-m", "specwatch", "run", "--check-config", "--config",
                              str(EXAMPLES / "specwatch.yml")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "config OK: 2 server(s)" in result.stdout

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     Delivery,
@@ -101,7 +101,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
 
     config = write_yaml(work / "specwatch.yml", specwatch_config({
         "plain": plain.url, "draft": draft.url, "broken": broken.url, "router": router.url}))
-    specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen", exporter,
+    specwatch = Process("specwatch", [sys.executable, "-m", "specwatch", "run", "--config", config, "--listen", exporter,
                                       "--log-level", "debug"], work)
     alertmanager = chain_alertmanager(work, write_yaml(work / "alertmanager.yml", alertmanager_config(receiver.url, group_wait=GROUP_WAIT)),
                                       alertmanager_address)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     WebhookReceiver,
@@ -107,7 +107,7 @@ def test_an_exporter_killed_mid_incident_pages_once_and_keeps_every_timer(tmp_pa
         draft.start()
         config = write_yaml(tmp_path / "specwatch.yml", specwatch_config({
             "plain": plain.url, "draft": draft.url, "broken": broken.url, "down": f"http://{nobody}"}))
-        specwatch = Process("specwatch", [sys.executable, "-m", "exporter", "run", "--config", config, "--listen",
+        specwatch = Process("specwatch", [sys.executable, "-m", "specwatch", "run", "--config", config, "--listen",
                                           exporter], tmp_path)
         alertmanager = chain_alertmanager(tmp_path, write_yaml(tmp_path / "alertmanager.yml", alertmanager_config(
             receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)), alertmanager_address)

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-import exporter.probe.client
-from exporter.daemon import logs
-from exporter.daemon.run import Daemon
-from exporter.settings.loading import load_settings
+import specwatch.probe.client
+from specwatch.daemon import logs
+from specwatch.daemon.run import Daemon
+from specwatch.settings.loading import load_settings
 from tests.support.net import free_port
 from tests.support.simfleet import FleetOptions, SimFleetThread, write_config
 
@@ -67,7 +67,7 @@ def _held(daemon: Daemon) -> dict[str, int]:
 @pytest.mark.usefixtures("restored_logging")
 async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An hour of reloads and discovery changes, compressed: pools idle for a second are closed, as after a minute.
-    monkeypatch.setattr(exporter.probe.client, "IDLE_POOL_SECONDS", 1.0)
+    monkeypatch.setattr(specwatch.probe.client, "IDLE_POOL_SECONDS", 1.0)
     with open(os.devnull, "w") as quiet, SimFleetThread(FleetOptions(servers=8, latency_ms=1.0, spec_share=0.5)) as fleet:
         logs.configure("warning", json=True, stream=quiet)
         urls = [s.url for s in fleet.servers]

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.daemon.run import Daemon
-from exporter.settings.loading import load_settings
-from exporter.settings.schema import Settings
+from specwatch.daemon.run import Daemon
+from specwatch.settings.loading import load_settings
+from specwatch.settings.schema import Settings
 
 SERVERS = [{"name": name, "url": f"http://127.0.0.1:{port}"} for port, name in enumerate("abcdefgh", start=9)]
 

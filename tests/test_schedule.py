@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from exporter.daemon.schedule import Schedule
-from exporter.settings.schema import Settings
+from specwatch.daemon.schedule import Schedule
+from specwatch.settings.schema import Settings
 
 
 def _servers(n: int) -> list[dict]:

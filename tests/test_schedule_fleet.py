@@ -14,19 +14,19 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.daemon.exposition.registry import SpecwatchCollector
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.exposition.text import TextRenderer
-from exporter.daemon.run import Daemon
-from exporter.daemon.watch import Watcher
-from exporter.demo.llamaserver import free_port
-from exporter.probe.canary import Endpoint
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import Reason
-from exporter.settings.loading import load_settings
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon.exposition.registry import SpecwatchCollector
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.exposition.text import TextRenderer
+from specwatch.daemon.run import Daemon
+from specwatch.daemon.watch import Watcher
+from specwatch.demo.llamaserver import free_port
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import Reason
+from specwatch.settings.loading import load_settings
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
 from tests.support.wire import FakeLlama
 
@@ -181,7 +181,7 @@ async def test_fast_exposition_is_byte_identical_to_generate_latest(make_watcher
 
 async def test_fast_exposition_rebuilds_only_what_changed(make_watcher, monkeypatch) -> None:
     """Not a timing test (the benchmark gives figures): a scrape must not redo the work for servers that did not change."""
-    from exporter.daemon.exposition import samples
+    from specwatch.daemon.exposition import samples
 
     built: list[str] = []
     canaries = next(i for i, g in enumerate(samples.GROUPS) if g.samples is samples.canary_samples)
@@ -193,7 +193,7 @@ async def test_fast_exposition_rebuilds_only_what_changed(make_watcher, monkeypa
 
     groups = list(samples.GROUPS)
     groups[canaries] = replace(original, samples=counting)
-    monkeypatch.setattr("exporter.daemon.exposition.text.GROUPS", tuple(groups))
+    monkeypatch.setattr("specwatch.daemon.exposition.text.GROUPS", tuple(groups))
     fakes = {f"s{i}": (FakeLlama.draft(tokens=8) if i % 5 == 0 else FakeLlama.plain(tokens=8)) for i in range(FLEET)}
     watcher = make_watcher(fakes, canary_tokens=8, canary_endpoints=["chat"])
     names = list(fakes)

@@ -12,15 +12,15 @@ import httpx
 import pytest
 import structlog
 
-from exporter import cli
-from exporter.daemon.watch import Watcher
-from exporter.probe import probes
-from exporter.probe.canary import Endpoint
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch import cli
+from specwatch.daemon.watch import Watcher
+from specwatch.probe import probes
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import Hang, Respond, Seen
 from tests.support.loopback import FaultServer

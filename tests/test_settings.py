@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from exporter.probe.keyfiles import KeyFiles
-from exporter.problems import ConfigError
-from exporter.settings.loading import load_settings
-from exporter.settings.schema import NO_SERVERS, Settings, parse_shard
+from specwatch.probe.keyfiles import KeyFiles
+from specwatch.problems import ConfigError
+from specwatch.settings.loading import load_settings
+from specwatch.settings.schema import NO_SERVERS, Settings, parse_shard
 
 
 def _load(tmp_path: Path, text: str):
@@ -242,7 +242,7 @@ def test_warnings_come_with_a_refused_config(tmp_path: Path, monkeypatch: pytest
 
 
 def test_nested_environment_forms_are_not_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.settings.loading import environment_warnings
+    from specwatch.settings.loading import environment_warnings
 
     environ = {"SPECWATCH_SERVERS__0__NAME": "a", "specwatch_poll_interval": "3s", "SPECWATCH_CONFIG_FILE": "x", "PATH": "/bin"}
     assert environment_warnings(environ=environ) == []
@@ -284,9 +284,9 @@ def test_settings_import_no_http_and_probes_import_no_settings() -> None:
     import subprocess
     import sys
 
-    script = ("import sys; import exporter.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('httpx', 'httpcore', 'h11'))); [sys.modules.pop(m) for m in list(sys.modules) if m.startswith('exporter')]; "
-              "import exporter.probe.probes, exporter.probe.keyfiles, exporter.probe.fetch; "
-              "print(sorted(m for m in sys.modules if m.startswith('exporter.settings')))")
+    script = ("import sys; import specwatch.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('httpx', 'httpcore', 'h11'))); [sys.modules.pop(m) for m in list(sys.modules) if m.startswith('specwatch')]; "
+              "import specwatch.probe.probes, specwatch.probe.keyfiles, specwatch.probe.fetch; "
+              "print(sorted(m for m in sys.modules if m.startswith('specwatch.settings')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.splitlines() == ["[]", "[]"]

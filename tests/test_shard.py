@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.daemon.run import shard_of
-from exporter.daemon.shard import hashmod, select
-from exporter.demo.llamaserver import free_port
-from exporter.settings.schema import Settings
+from specwatch.daemon.run import shard_of
+from specwatch.daemon.shard import hashmod, select
+from specwatch.demo.llamaserver import free_port
+from specwatch.settings.schema import Settings
 from tests.support.chain import http_ok
 from tests.support.process import Process
 from tests.support.waiting import wait_until
@@ -76,7 +76,7 @@ def test_assignment_is_the_same_in_a_fresh_process() -> None:
     """No per-process salt (such as Python's string hash seed) may move a server to another replica after a restart."""
     script = (
         "import json, sys\n"
-        "from exporter.daemon.shard import hashmod\n"
+        "from specwatch.daemon.shard import hashmod\n"
         "names = json.load(sys.stdin)\n"
         "print(json.dumps([hashmod(n, m) for n in names for m in (2, 3, 5, 1000)]))\n"
     )
@@ -109,7 +109,7 @@ def test_check_config_lists_only_the_replica_share(tmp_path: Path) -> None:
                                                   enumerate(SETTINGS_NAMES[:40])]}), encoding="utf-8")
     listed: list[str] = []
     for index in range(3):
-        done = subprocess.run([sys.executable, "-m", "exporter", "run", "--config", str(config), "--check-config",
+        done = subprocess.run([sys.executable, "-m", "specwatch", "run", "--config", str(config), "--check-config",
                                "--shard", f"{index}/3"], capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
         names = [line.split(":", 1)[0].strip() for line in done.stdout.splitlines() if line.startswith("  ")]
         assert names == [n for n in SETTINGS_NAMES[:40] if hashmod(n, 3) == index]

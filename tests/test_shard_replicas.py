@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.llamaserver import LlamaServer
-from exporter.demo.tinymodel import write_cycle_model
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.chain import (
     EXAMPLES,
     REPO,
@@ -151,7 +151,7 @@ def ha_pair(tmp_path: Path) -> Iterator[Pair]:
         draft.start()
         config = write_yaml(tmp_path / "specwatch.yml", specwatch_config({"plain": plain.url, "draft": draft.url}))
         replicas = {address: Process(f"specwatch-{name}", [
-            sys.executable, "-m", "exporter", "run", "--config", config, "--listen", address,
+            sys.executable, "-m", "specwatch", "run", "--config", config, "--listen", address,
         ], tmp_path) for name, address in (("a", a), ("b", b))}
         alertmanager = chain_alertmanager(tmp_path, write_yaml(tmp_path / "alertmanager.yml", alertmanager_config(
             receiver.url, group_wait=GROUP_WAIT, group_interval=GROUP_INTERVAL)), alertmanager_address)

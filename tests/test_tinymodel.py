@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
-from exporter.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
+from specwatch.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
 
 
 def _tensors(path) -> dict[str, gguf.ReaderTensor]:

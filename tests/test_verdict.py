@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.probe.canary import Tally
-from exporter.verdict import NOTHING_LOADED, SEVERITY, Decision, EndpointEvidence, Evidence, Verdict, decide, worst
+from specwatch.probe.canary import Tally
+from specwatch.verdict import NOTHING_LOADED, SEVERITY, Decision, EndpointEvidence, Evidence, Verdict, decide, worst
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 

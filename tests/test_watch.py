@@ -6,9 +6,9 @@ import asyncio
 
 import httpx
 
-from exporter.probe.canary import Endpoint
-from exporter.reasons import Reason
-from exporter.verdict import Verdict
+from specwatch.probe.canary import Endpoint
+from specwatch.reasons import Reason
+from specwatch.verdict import Verdict
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 
@@ -123,7 +123,7 @@ async def test_a_canary_in_flight_is_not_started_again(make_watcher) -> None:
 async def test_removed_servers_vanish_and_added_ones_appear(make_watcher) -> None:
     watcher = make_watcher({"a": FakeLlama.plain(), "b": FakeLlama.plain()})
     await asyncio.gather(watcher.poll("a"), watcher.poll("b"))
-    from exporter.settings.schema import Settings
+    from specwatch.settings.schema import Settings
 
     new = Settings(servers=[{"name": "b", "url": "http://b:8080"}, {"name": "c", "url": "http://c:8080"}])
     watcher.apply(new, list(new.servers))
@@ -158,10 +158,10 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
     """Not nine warnings a minute forever: one when the trouble starts, a reminder every REMIND_SECONDS, one at the end."""
     import structlog
 
-    from exporter.daemon.watch import REMIND_SECONDS, Watcher
-    from exporter.probe.fetch import Fetcher
-    from exporter.settings.schema import Settings
-    from exporter.state import Fleet
+    from specwatch.daemon.watch import REMIND_SECONDS, Watcher
+    from specwatch.probe.fetch import Fetcher
+    from specwatch.settings.schema import Settings
+    from specwatch.state import Fleet
     from tests.support.fakes import fleet_transport
 
     fakes: dict[str, FakeLlama] = {}
@@ -192,10 +192,10 @@ async def test_a_server_going_back_and_forth_between_two_reasons_logs_each_once(
     change made a line every other poll for as long as the link stayed down."""
     import structlog
 
-    from exporter.daemon.watch import Watcher
-    from exporter.probe.fetch import Fetcher
-    from exporter.settings.schema import Settings
-    from exporter.state import Fleet
+    from specwatch.daemon.watch import Watcher
+    from specwatch.probe.fetch import Fetcher
+    from specwatch.settings.schema import Settings
+    from specwatch.state import Fleet
     from tests.support.fakes import fleet_transport
 
     fakes: dict[str, FakeLlama] = {}
@@ -314,8 +314,8 @@ async def test_a_sleeping_server_is_left_asleep(make_watcher, clock) -> None:
 
 
 async def test_check_asks_slots_every_time(clock) -> None:
-    from exporter.check import run_check
-    from exporter.settings.schema import ServerConfig
+    from specwatch.gate.check import run_check
+    from specwatch.settings.schema import ServerConfig
 
     fake = FakeLlama.plain(tokens=8)
     await run_check(ServerConfig(name="x", url="http://srv:8080"), endpoints=[Endpoint.CHAT], tokens=8, timeout=5,

@@ -17,15 +17,15 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.daemon.exposition.registry import SpecwatchCollector
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.schedule import Schedule
-from exporter.daemon.watch import Watcher
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import Reason
-from exporter.settings.schema import Settings
-from exporter.state import Fleet
+from specwatch.daemon.exposition.registry import SpecwatchCollector
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.schedule import Schedule
+from specwatch.daemon.watch import Watcher
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import Reason
+from specwatch.settings.schema import Settings
+from specwatch.state import Fleet
 from tests.support.net import stranded_sockets
 
 pytestmark = pytest.mark.slow

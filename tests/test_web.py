@@ -14,8 +14,8 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.daemon.exposition.serve import TEXT_FORMAT, Scrape, accepts_gzip
-from exporter.daemon.web import WebApp
+from specwatch.daemon.exposition.serve import TEXT_FORMAT, Scrape, accepts_gzip
+from specwatch.daemon.web import WebApp
 from tests.support import dockerfile
 from tests.support.certs import Certs, client_certs, make_certs
 from tests.support.loopback import FaultServer

@@ -12,8 +12,8 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.daemon.websecurity import WebSecurity, load_web_config
-from exporter.problems import ConfigError
+from specwatch.daemon.websecurity import WebSecurity, load_web_config
+from specwatch.problems import ConfigError
 from tests.support.certs import make_certs
 from tests.support.loopback import FaultServer
 from tests.support.net import HOST, refused_url
@@ -161,7 +161,7 @@ class CountingBcrypt:
             self.calls += 1
             return real(password, hashed)
 
-        monkeypatch.setattr("exporter.daemon.websecurity.bcrypt.checkpw", counted)
+        monkeypatch.setattr("specwatch.daemon.websecurity.bcrypt.checkpw", counted)
 
 
 def test_authorise(monkeypatch) -> None:
@@ -189,7 +189,7 @@ def test_successful_checks_are_cached_failures_are_not(monkeypatch) -> None:
 
 
 def test_the_cache_is_bounded(monkeypatch) -> None:
-    from exporter.daemon import websecurity
+    from specwatch.daemon import websecurity
 
     monkeypatch.setattr(websecurity, "CACHE_SIZE", 2)
     security = WebSecurity({"a": bcrypt_hash("1").encode(), "b": bcrypt_hash("2").encode(), "c": bcrypt_hash("3").encode()})

@@ -303,7 +303,7 @@ def _same(real: httpx.Response, fake: httpx.Response, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.tinymodel import write_cycle_model
 
     return write_cycle_model(tmp_path_factory.mktemp("contract") / "cycle.gguf")
 
@@ -316,8 +316,8 @@ def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("plain", lambda: FakeLlama.plain(tokens=None, api_key="contract-key"), ["--api-key", "contract-key"]),
 ])
 def test_the_wire_model_answers_every_request_specwatch_sends_as_the_real_server_does(contract_model, kind, fake, extra) -> None:
-    from exporter.demo.llamaserver import LlamaServer
-    from exporter.probe.canary import TABLE
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.probe.canary import TABLE
 
     # A connection per request: what is compared is each answer, not llama-server's keep-alive race.
     with LlamaServer.of_kind(kind, contract_model, extra) as server, \
@@ -334,7 +334,7 @@ def test_the_wire_model_answers_every_request_specwatch_sends_as_the_real_server
 
 @pytest.mark.real
 def test_the_wire_router_answers_as_the_real_router_does(contract_model, tmp_path: Path) -> None:
-    from exporter.demo.llamaserver import LlamaRouter, router_preset
+    from specwatch.demo.llamaserver import LlamaRouter, router_preset
 
     preset = router_preset(tmp_path / "preset.ini", {"plain": ["--model", str(contract_model)],
                                                     "cold": ["--model", str(contract_model)]})

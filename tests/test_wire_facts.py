@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from exporter.demo.llamaserver import SERVER_KINDS, LlamaServer, LlamaServerError, find_llama_server, free_port
-from exporter.demo.tinymodel import cycle_text, write_cycle_model, write_mtp_cycle_model
+from specwatch.demo.llamaserver import SERVER_KINDS, LlamaServer, LlamaServerError, find_llama_server, free_port
+from specwatch.demo.tinymodel import cycle_text, write_cycle_model, write_mtp_cycle_model
 from tests.support.process import _stop_group
 
 pytestmark = pytest.mark.real
@@ -435,7 +435,7 @@ def test_idle_connections_are_announced_to_close_after_five_seconds(server):
 
 def test_ngram_map_k_drafts_only_if_its_first_request_is_a_completion(model):
     """Why the canary asks /completion first: a fresh ngram-map-k server whose first request is a chat never drafts."""
-    from exporter.probe.canary import TABLE, Endpoint
+    from specwatch.probe.canary import TABLE, Endpoint
 
     completion, chat = TABLE[Endpoint.COMPLETION], TABLE[Endpoint.CHAT]
     drafted = {}

@@ -6,13 +6,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from exporter import __version__
-from exporter.daemon.cadence import freshness_bound
-from exporter.probe.llama import names_of
-from exporter.report import model_report
-from exporter.settings.schema import Settings
-from exporter.state import ModelState, ServerState
-from exporter.verdict import Verdict
+from specwatch import __version__
+from specwatch.daemon.cadence import freshness_bound
+from specwatch.probe.llama import names_of
+from specwatch.report import model_report
+from specwatch.settings.schema import Settings
+from specwatch.state import ModelState, ServerState
+from specwatch.verdict import Verdict
 
 POLL_STALE_INTERVALS = 3
 """A model whose last good poll is older than this many poll_intervals is not being watched: its verdict is stale."""

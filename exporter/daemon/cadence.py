@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from exporter.probe.canary import Endpoint
-from exporter.probe.llama import Props, Slots
-from exporter.settings.schema import Settings
-from exporter.state import ModelState
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.llama import Props, Slots
+from specwatch.settings.schema import Settings
+from specwatch.state import ModelState
 
 DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default
 DEFAULT_TOKENS_SPECULATING: int = Settings.model_fields["canary_tokens_speculating"].default

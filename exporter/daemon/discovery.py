@@ -18,11 +18,11 @@ import structlog
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from exporter.filestamp import FileStamp, file_stamp
-from exporter.probe.client import new_client
-from exporter.problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
-from exporter.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
-from exporter.state import ServerState
+from specwatch.filestamp import FileStamp, file_stamp
+from specwatch.probe.client import new_client
+from specwatch.problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
+from specwatch.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
+from specwatch.state import ServerState
 
 log = structlog.get_logger("specwatch")
 MAX_SD_BYTES = 16 * 1024 * 1024

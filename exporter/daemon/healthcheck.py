@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from exporter.daemon.web import DEFAULT_PORT, HEALTHY_PATH
+from specwatch.daemon.web import DEFAULT_PORT, HEALTHY_PATH
 
 TIMEOUT = 2.0
 """Seconds for each connection and answer. A stopped or wedged process accepts connections (the kernel does) and
@@ -101,7 +101,7 @@ def probe(host: str, port: int, timeout: float = TIMEOUT) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporter.daemon.healthcheck", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specwatch.daemon.healthcheck", description=__doc__)
     parser.add_argument("--pid", type=int, action="append", help="look only at this process's sockets (repeatable)")
     args = parser.parse_args(argv)
     addresses = listen_addresses(pids=args.pid)

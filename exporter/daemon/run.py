@@ -11,21 +11,21 @@ from typing import Any
 
 import structlog
 
-from exporter import __version__
-from exporter.daemon import api, landing, memory
-from exporter.daemon.discovery import Discovery, SourceStatus, targets_out
-from exporter.daemon.exposition.samples import ExporterStatus
-from exporter.daemon.exposition.serve import Exposition
-from exporter.daemon.schedule import Schedule
-from exporter.daemon.shard import select
-from exporter.daemon.watch import Watcher
-from exporter.daemon.web import WebApp
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.problems import ConfigError
-from exporter.settings.loading import load_settings
-from exporter.settings.schema import ServerConfig, Settings, parse_shard
-from exporter.state import Fleet
+from specwatch import __version__
+from specwatch.daemon import api, landing, memory
+from specwatch.daemon.discovery import Discovery, SourceStatus, targets_out
+from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.daemon.exposition.serve import Exposition
+from specwatch.daemon.schedule import Schedule
+from specwatch.daemon.shard import select
+from specwatch.daemon.watch import Watcher
+from specwatch.daemon.web import WebApp
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.problems import ConfigError
+from specwatch.settings.loading import load_settings
+from specwatch.settings.schema import ServerConfig, Settings, parse_shard
+from specwatch.state import Fleet
 
 log = structlog.get_logger("specwatch")
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from exporter.daemon.shard import phase
-from exporter.daemon.watch import Watcher
-from exporter.settings.schema import ServerConfig
+from specwatch.daemon.shard import phase
+from specwatch.daemon.watch import Watcher
+from specwatch.settings.schema import ServerConfig
 
 
 def _job_id(name: str) -> str:

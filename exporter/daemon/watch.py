@@ -11,16 +11,16 @@ from typing import Any
 
 import structlog
 
-from exporter.daemon.cadence import Round, due, slots_known
-from exporter.probe import fetch
-from exporter.probe.canary import Endpoint, Tally
-from exporter.probe.fetch import Fetcher
-from exporter.probe.llama import Props, Slots
-from exporter.probe.probes import PLAIN, KnownSlots
-from exporter.runner import Measured, Runner
-from exporter.settings.schema import ServerConfig, Settings
-from exporter.state import Change, Fleet, ModelState
-from exporter.verdict import Verdict
+from specwatch.daemon.cadence import Round, due, slots_known
+from specwatch.probe import fetch
+from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.fetch import Fetcher
+from specwatch.probe.llama import Props, Slots
+from specwatch.probe.probes import PLAIN, KnownSlots
+from specwatch.runner import Measured, Runner
+from specwatch.settings.schema import ServerConfig, Settings
+from specwatch.state import Change, Fleet, ModelState
+from specwatch.verdict import Verdict
 
 log = structlog.get_logger("specwatch")
 REMIND_SECONDS = 600.0

@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from exporter import __version__
-from exporter.verdict import Verdict
+from specwatch import __version__
+from specwatch.verdict import Verdict
 
 if TYPE_CHECKING:
-    from exporter.daemon.exposition.serve import Scrape
+    from specwatch.daemon.exposition.serve import Scrape
 
 DEFAULT_PORT = 9824
 VERDICTS = tuple(v.value for v in Verdict)

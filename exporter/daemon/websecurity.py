@@ -17,8 +17,8 @@ from pathlib import Path
 import bcrypt
 from pydantic import ValidationError
 
-from exporter.daemon.webconfig import CLIENT_AUTH, TLS_VERSIONS, TLSServerConfig, WebConfig, unsupported
-from exporter.problems import ConfigError, problem_lines, read_yaml
+from specwatch.daemon.webconfig import CLIENT_AUTH, TLS_VERSIONS, TLSServerConfig, WebConfig, unsupported
+from specwatch.problems import ConfigError, problem_lines, read_yaml
 
 CACHE_SIZE = 256
 # Python's names for a certificate's subject alternative names, as getpeercert() gives them.

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.daemon.web import parse_listen
-from exporter.demo.llamaserver import (
+from specwatch.daemon.web import parse_listen
+from specwatch.demo.llamaserver import (
     INSTALL_HINT,
     LlamaRouter,
     LlamaServer,
@@ -23,7 +23,7 @@ from exporter.demo.llamaserver import (
     free_port,
     router_preset,
 )
-from exporter.probe.canary import Endpoint
+from specwatch.probe.canary import Endpoint
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
 
@@ -165,7 +165,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
         print(f"specwatch demo: {err}", file=sys.stderr)
         return 2
     say(f"llama-server: {binary}")
-    from exporter.demo.tinymodel import write_cycle_model
+    from specwatch.demo.tinymodel import write_cycle_model
 
     with tempfile.TemporaryDirectory(prefix="specwatch-demo-") as tmp:
         workdir = Path(tmp)
@@ -197,7 +197,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             port = port or free_port()
             log = (workdir / "specwatch.log").open("w")
             exporter = subprocess.Popen(
-                [sys.executable, "-m", "exporter", "run", "--config", str(config), "--listen", f"{host}:{port}",
+                [sys.executable, "-m", "specwatch", "run", "--config", str(config), "--listen", f"{host}:{port}",
                  "--log-format", "json"],
                 stdout=log, stderr=subprocess.STDOUT,
             )

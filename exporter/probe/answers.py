@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.reasons import ProbeFailure, Reason
 
 MAX_COUNT = 1 << 40
 

@@ -8,7 +8,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from exporter.probe.answers import (
+from specwatch.probe.answers import (
     Chunk,
     Reading,
     chat_chunk,
@@ -18,7 +18,7 @@ from exporter.probe.answers import (
     stream_reader,
     v1_completion_chunk,
 )
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.reasons import ProbeFailure, Reason
 
 ALTERNATIVES = 3
 SEED = 4242

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
-from exporter.probe import client as pools
-from exporter.probe.client import PerServerTransport
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.probe import client as pools
+from specwatch.probe.client import PerServerTransport
+from specwatch.reasons import ProbeFailure, Reason
 
 T = TypeVar("T")
 

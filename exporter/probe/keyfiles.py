@@ -9,7 +9,7 @@ from pathlib import Path
 import structlog
 from pydantic import SecretStr
 
-from exporter.filestamp import FileStamp, file_stamp
+from specwatch.filestamp import FileStamp, file_stamp
 
 log = structlog.get_logger("specwatch")
 

@@ -12,9 +12,9 @@ from urllib.parse import quote
 
 from pydantic import SecretStr
 
-from exporter.probe.canary import TABLE, Endpoint, Tally, classify
-from exporter.probe.fetch import Fetcher
-from exporter.probe.llama import (
+from specwatch.probe.canary import TABLE, Endpoint, Tally, classify
+from specwatch.probe.fetch import Fetcher
+from specwatch.probe.llama import (
     Props,
     RouterModel,
     Slots,
@@ -26,7 +26,7 @@ from exporter.probe.llama import (
     parse_props,
     parse_slots,
 )
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.reasons import ProbeFailure, Reason
 
 PLAIN = ""
 """The key of the one model of a server watched without a `model:`: its series carry no model label."""

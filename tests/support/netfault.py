@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import exporter.probe.fetch
-from exporter.daemon.run import Daemon
-from exporter.demo.llamaserver import LlamaServer
-from exporter.settings.loading import load_settings
+import specwatch.probe.fetch
+from specwatch.daemon.run import Daemon
+from specwatch.demo.llamaserver import LlamaServer
+from specwatch.settings.loading import load_settings
 from tests.support.metrics import Samples, parse
 from tests.support.net import HOST
 
@@ -300,7 +300,7 @@ class StreamTap:
         self._changed = threading.Condition()
 
     def install(self, monkeypatch: Any) -> None:
-        original = exporter.probe.fetch.Fetcher._capped_lines
+        original = specwatch.probe.fetch.Fetcher._capped_lines
         tap = self
 
         async def followed(fetcher: Any, response: Any, deadline: float, timeout: float) -> Any:
@@ -313,7 +313,7 @@ class StreamTap:
             finally:
                 tap._note(port, lambda begun, lines, ended: (begun, lines, True))
 
-        monkeypatch.setattr(exporter.probe.fetch.Fetcher, "_capped_lines", followed)
+        monkeypatch.setattr(specwatch.probe.fetch.Fetcher, "_capped_lines", followed)
 
     def _note(self, port: int, change: Callable[[int, int, bool], tuple[int, int, bool]]) -> None:
         with self._changed:
@@ -352,7 +352,7 @@ class ProbeRecord:
         self.probes: list[Probe] = []
 
     def install(self, monkeypatch: Any) -> None:
-        from exporter.daemon.watch import Watcher
+        from specwatch.daemon.watch import Watcher
 
         polled, canaried, record = Watcher._polled, Watcher._canaried, self.probes
 

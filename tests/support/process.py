@@ -40,7 +40,7 @@ class ExporterProcess:
     """`specwatch run` as a real process on a free loopback port, its stdout and stderr kept for inspection."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-        command = [sys.executable, "-m", "exporter", "run", "--listen", f"{HOST}:0", "--log-format", "json", *args]
+        command = [sys.executable, "-m", "specwatch", "run", "--listen", f"{HOST}:0", "--log-format", "json", *args]
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,

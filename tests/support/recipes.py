@@ -100,7 +100,7 @@ def specwatch_command(bin_dir: Path, site: Path) -> Path:
     """A `specwatch` command in `bin_dir` that runs this checkout's code, for recipes that call it by name."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     command = bin_dir / "specwatch"
-    command.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" -m exporter "$@"\n')
+    command.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" -m specwatch "$@"\n')
     command.chmod(0o755)
     return command
 

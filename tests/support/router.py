@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from exporter.demo.llamaserver import find_llama_server, free_port
+from specwatch.demo.llamaserver import find_llama_server, free_port
 from tests.support.metrics import parse
 from tests.support.process import _stop_group
 from tests.support.waiting import wait_until

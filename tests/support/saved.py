@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exporter.probe.canary import TABLE, Endpoint
+from specwatch.probe.canary import TABLE, Endpoint
 from tests.support.wire import FakeLlama, Request
 
 

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from exporter import __version__
-from exporter.daemon.discovery import SourceStatus
-from exporter.daemon.exposition.catalog import EXPORTER, Family
-from exporter.state import CanaryState, ModelState, ServerState
-from exporter.verdict import Verdict
+from specwatch import __version__
+from specwatch.daemon.discovery import SourceStatus
+from specwatch.daemon.exposition.catalog import EXPORTER, Family
+from specwatch.state import CanaryState, ModelState, ServerState
+from specwatch.verdict import Verdict
 
 Extra = tuple[tuple[str, str], ...]
 """Labels of a sample beyond its server's, in the order they are written."""

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from prometheus_client.utils import floatToGoString
 
-from exporter.daemon.exposition.catalog import FAMILIES, SERVER, Family
-from exporter.daemon.exposition.samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
-from exporter.settings.schema import ServerConfig
-from exporter.state import Fleet, ServerState
+from specwatch.daemon.exposition.catalog import FAMILIES, SERVER, Family
+from specwatch.daemon.exposition.samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
+from specwatch.settings.schema import ServerConfig
+from specwatch.state import Fleet, ServerState
 
 _MEMO_LIMIT = 1024
 PREPARED_FOR = 2.0

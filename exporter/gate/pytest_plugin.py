@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from exporter.ask import AskReport
-    from exporter.check import CheckReport
-    from exporter.settings.schema import ServerConfig
+    from specwatch.gate.ask import AskReport
+    from specwatch.gate.check import CheckReport
+    from specwatch.settings.schema import ServerConfig
 
 EXIT_NOT_REAL = 11
 """The session did not start: a selected server serves fill-ins or speculates unproven (`specwatch check` exits 1)."""
@@ -133,7 +133,7 @@ class GateError(Exception):
 
 def server_config(url: str, defaults: Defaults) -> ServerConfig:
     """The server `specwatch check URL` would canary with these options; the same refusals, as a GateError."""
-    from exporter.cli import check_server
+    from specwatch.gate.options import check_server
 
     try:
         return check_server(url, api_key_file=defaults.api_key_file, api_key_env=defaults.api_key_env, model=defaults.model)
@@ -143,7 +143,7 @@ def server_config(url: str, defaults: Defaults) -> ServerConfig:
 
 def defaults_of(given: Mapping[str, Any]) -> Defaults:
     """The options as `specwatch check` would take them, or a GateError saying what is wrong."""
-    from exporter.cli import (
+    from specwatch.gate.options import (
         DEFAULT_TIMEOUT,
         DEFAULT_TOKENS,
         duration_argument,
@@ -151,7 +151,7 @@ def defaults_of(given: Mapping[str, Any]) -> Defaults:
         label_argument,
         tokens_argument,
     )
-    from exporter.probe.canary import Endpoint
+    from specwatch.probe.canary import Endpoint
 
     try:
         tokens = tokens_argument(given["specwatch_tokens"]) if "specwatch_tokens" in given else DEFAULT_TOKENS
@@ -235,9 +235,9 @@ class Gate:
         return self.done[key]
 
     def _canary(self, url: str, defaults: Defaults) -> Outcome:
-        from exporter.check import render_text, run_check
-        from exporter.cli import logs_to_stderr
-        from exporter.probe.canary import Endpoint
+        from specwatch.gate.check import render_text, run_check
+        from specwatch.gate.options import logs_to_stderr
+        from specwatch.probe.canary import Endpoint
 
         server = server_config(url, defaults)
         endpoints = [Endpoint(e) for e in defaults.endpoints] if defaults.endpoints else list(Endpoint)
@@ -255,8 +255,8 @@ class Gate:
         return self.done[key]
 
     def _ask(self, urls: Sequence[str], defaults: Defaults) -> Outcome:
-        from exporter.ask import Exporter, ask, render_text
-        from exporter.cli import logs_to_stderr
+        from specwatch.gate.ask import Exporter, ask, render_text
+        from specwatch.gate.options import logs_to_stderr
 
         exporters = [Exporter(url, defaults.exporter_username, defaults.exporter_password_file, defaults.exporter_ca_file,
                               defaults.exporter_cert_file, defaults.exporter_key_file) for url in urls]
@@ -279,7 +279,7 @@ class Gate:
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
     """The session's exit code: the worst verdict decides, as it does for `specwatch check`."""
-    from exporter.verdict import Decision, Verdict, worst
+    from specwatch.verdict import Decision, Verdict, worst
 
     _, decision = worst((o.target, Decision(Verdict(o.verdict), "")) for o in outcomes)
     return {0: 0, 1: EXIT_NOT_REAL}.get(decision.verdict.exit_code, EXIT_UNCHECKED)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from exporter.probe.answers import Reading, StreamReading
-from exporter.probe.canary import Endpoint, classify
-from exporter.probe.shapes import Shape, shape_of
-from exporter.reasons import ProbeFailure, Reason
+from specwatch.probe.answers import Reading, StreamReading
+from specwatch.probe.canary import Endpoint, classify
+from specwatch.gate.shapes import Shape, shape_of
+from specwatch.reasons import ProbeFailure, Reason
 
 MAX_OPEN_STREAMS = 1024
 """Streams read side by side (a log of concurrent requests) at most: past it the oldest is judged as it stands."""

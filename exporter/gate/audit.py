@@ -9,7 +9,7 @@ from typing import IO, Any
 
 import orjson
 
-from exporter.audit import Answers, NotAnAnswer, Outcome, Status
+from specwatch.gate.received import Answers, NotAnAnswer, Outcome, Status
 
 MAX_RECORD = 64 << 20
 """Bytes in one line, or one multi-line JSON document, at most: 512 tokens with 20 alternatives each are about 1 MB."""

@@ -11,10 +11,10 @@ from urllib.parse import urlencode
 
 import httpx
 
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure
-from exporter.verdict import NOTHING_LOADED, SEVERITY, Decision, Verdict, worst
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure
+from specwatch.verdict import NOTHING_LOADED, SEVERITY, Decision, Verdict, worst
 
 VERDICTS_PATH = "/api/v1/verdicts"
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from exporter.probe.answers import Chunk, Reading, StreamReading, completion_chunk, stream_reader
-from exporter.probe.canary import CHUNKS, TABLE, Endpoint
+from specwatch.probe.answers import Chunk, Reading, StreamReading, completion_chunk, stream_reader
+from specwatch.probe.canary import CHUNKS, TABLE, Endpoint
 
 
 @dataclass(frozen=True)

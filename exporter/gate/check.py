@@ -8,17 +8,17 @@ from typing import Any
 
 import httpx
 
-from exporter import oneserver
-from exporter.probe import probes
-from exporter.probe.canary import TABLE, Endpoint
-from exporter.probe.client import new_client
-from exporter.probe.fetch import Fetcher
-from exporter.reasons import ProbeFailure, Reason
-from exporter.report import EndpointReport, ModelReport, model_report
-from exporter.runner import Runner, measure
-from exporter.settings.schema import ServerConfig
-from exporter.state import Fleet, ServerState
-from exporter.verdict import NOTHING_LOADED, Decision, Verdict, worst
+from specwatch.gate import oneserver
+from specwatch.probe import probes
+from specwatch.probe.canary import TABLE, Endpoint
+from specwatch.probe.client import new_client
+from specwatch.probe.fetch import Fetcher
+from specwatch.reasons import ProbeFailure, Reason
+from specwatch.report import EndpointReport, ModelReport, model_report
+from specwatch.runner import Runner, measure
+from specwatch.settings.schema import ServerConfig
+from specwatch.state import Fleet, ServerState
+from specwatch.verdict import NOTHING_LOADED, Decision, Verdict, worst
 
 CHECKED = "check"
 """The name of the one server a check watches, in its fleet of one."""
