@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
 from specwatch import __version__
 from specwatch.daemon.web import DEFAULT_PORT, parse_listen
-from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF, Endpoint
-from specwatch.problems import ConfigError
-from specwatch.settings.loading import load_settings
 from specwatch.gate.options import (
     CANARY_ONLY,
     DEFAULT_TIMEOUT,
@@ -29,6 +24,9 @@ from specwatch.gate.options import (
     logs_to_stderr,
     tokens_argument,
 )
+from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF, Endpoint
+from specwatch.problems import ConfigError
+from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import DEFAULT_SERVER_URL, parse_shard
 
 EX_CONFIG = 2

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specwatch.gate.ask import Exporter, ask
 from specwatch.cli import main
 from specwatch.daemon import api
 from specwatch.daemon.web import WebApp
+from specwatch.gate.ask import Exporter, ask
 from specwatch.probe.canary import Endpoint
 from tests.support.wire import FakeLlama, FakeRouter
 

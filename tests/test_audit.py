@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specwatch.gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
 from specwatch.cli import main
+from specwatch.gate.audit import audit_file, read_answers, run_audit
+from specwatch.gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
+from specwatch.gate.shapes import shape_of
 from specwatch.probe import probes
 from specwatch.probe.canary import TABLE, Endpoint, classify
 from specwatch.probe.fetch import Fetcher
-from specwatch.gate.shapes import shape_of
-from specwatch.gate.audit import audit_file, read_answers, run_audit
 from specwatch.settings.schema import ServerConfig
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from specwatch.gate.shapes import Shape, shape_of
 from specwatch.probe.answers import Reading, StreamReading
 from specwatch.probe.canary import Endpoint, classify
-from specwatch.gate.shapes import Shape, shape_of
 from specwatch.reasons import ProbeFailure, Reason
 
 MAX_OPEN_STREAMS = 1024
