@@ -13,16 +13,15 @@ from typing import NoReturn
 from specwatch import __version__
 from specwatch.daemon.web import DEFAULT_PORT, parse_listen
 from specwatch.gate.options import (
-    CANARY_ONLY,
-    DEFAULT_TIMEOUT,
-    DEFAULT_TOKENS,
-    EXPORTER_ONLY,
+    ASKING,
+    CHECK,
+    OPTIONS,
+    Mode,
+    Option,
     check_server,
-    duration_argument,
     exporter_flags_problem,
-    label_argument,
     logs_to_stderr,
-    tokens_argument,
+    mode_problem,
 )
 from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF, Endpoint
 from specwatch.problems import ConfigError
@@ -123,6 +122,17 @@ DEFAULT_TARGET_NOTE = (
 )
 
 
+def _add_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, option: Option) -> None:
+    """One of the gate's options as an argument of `specwatch check`."""
+    if option.parse is None:
+        parser.add_argument(option.flag, action="store_true", dest=option.dest, help=CHECK.say(option.help))
+        return
+    parser.add_argument(
+        option.flag, action="append" if option.repeatable else "store", dest=option.dest, metavar=option.metavar,
+        type=option.parse, default=option.default, choices=option.choices or None, help=CHECK.say(option.help),
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="specwatch",
@@ -168,41 +178,14 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("url", nargs="?", help="the llama-server base URL, e.g. http://127.0.0.1:8080 (or use --exporter)")
-    check.add_argument(
-        "--api-key-file", type=Path, metavar="FILE", help="file holding the server's API key (sent as a Bearer token)"
-    )
-    check.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
-    check.add_argument(
-        "--model", help="check only this model of a router (default: every loaded model); never loads it unless --load"
-    )
-    check.add_argument(
-        "--load", action="store_true",
-        help="with --model: ask the router to load the model first if it is not loaded (it may evict another one)",
-    )
-    check.add_argument(
-        "--endpoint", action="append", choices=[e.value for e in Endpoint], dest="endpoints",
-        help="endpoint to check (repeatable; default: all); fewer check less of what an eval may read",
-    )
-    check.add_argument("--tokens", type=tokens_argument, default=DEFAULT_TOKENS,
-                       help=f"tokens per canary, 4 to 512 (default {DEFAULT_TOKENS}); shorter proves less (see below)")
-    check.add_argument(
-        "--timeout", type=duration_argument, default=DEFAULT_TIMEOUT, metavar="DURATION",
-        help=f"per request, e.g. 30s, 2m, 1m30s or a number of seconds (default {DEFAULT_TIMEOUT:g}s)",
-    )
+    for option in OPTIONS:
+        if option.mode is not Mode.EXPORTER:
+            _add_option(check, option)
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
-    ask = check.add_argument_group(
-        "asking a running specwatch instead (sends no canary; for servers behind a load balancer, see the README)")
-    ask.add_argument("--exporter", action="append", metavar="URL", dest="exporters",
-                     help="a specwatch daemon's URL, e.g. http://specwatch:9824 (repeatable: shards and replicas)")
-    ask.add_argument("--server", action="append", metavar="NAME", dest="servers", default=[],
-                     help="a server the eval reads from, by its configured name (repeatable: any of them)")
-    ask.add_argument("--label", action="append", metavar="KEY=VALUE", dest="labels", type=label_argument, default=[],
-                     help="select servers by label, static or discovered (repeatable: all must match)")
-    ask.add_argument("--exporter-username", metavar="USER", help="basic auth user of the exporter's --web-config")
-    ask.add_argument("--exporter-password-file", type=Path, metavar="FILE", help="file holding that user's password")
-    ask.add_argument("--exporter-ca-file", type=Path, metavar="FILE", help="CA that signed the exporter's TLS certificate")
-    ask.add_argument("--exporter-cert-file", type=Path, metavar="FILE", help="client certificate, when the exporter asks")
-    ask.add_argument("--exporter-key-file", type=Path, metavar="FILE", help="its key")
+    asking = check.add_argument_group(ASKING)
+    for option in OPTIONS:
+        if option.mode is Mode.EXPORTER:
+            _add_option(asking, option)
 
     audit = commands.add_parser(
         "audit",
@@ -328,15 +311,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with how check was called, in words: the URL and --exporter exclude each other, and their flags."""
-    if bool(args.url) == bool(args.exporters):
-        return "give a server's URL to canary it, or --exporter URL to ask a running specwatch (one of the two)"
-    given = CANARY_ONLY if args.exporters else EXPORTER_ONLY
-    wrong = [flag for key, (flag, default) in given.items() if getattr(args, key) != default]
-    if wrong:
-        mode = "--exporter sends no canary" if args.exporters else "they select what --exporter reports"
-        return f"{', '.join(wrong)} cannot be used {'with' if args.exporters else 'without'} --exporter: {mode}"
-    return exporter_flags_problem(key_file=args.exporter_key_file, cert_file=args.exporter_cert_file,
-                                  password_file=args.exporter_password_file, username=args.exporter_username)
+    values = vars(args)
+    return mode_problem(values, url=args.url, spelling=CHECK) or exporter_flags_problem(values, CHECK)
 
 
 def _asked(args: argparse.Namespace) -> int:

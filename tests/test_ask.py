@@ -13,6 +13,7 @@ from specwatch.cli import main
 from specwatch.daemon import api
 from specwatch.daemon.web import WebApp
 from specwatch.gate.ask import Exporter, ask
+from specwatch.gate.options import PLUGIN
 from specwatch.probe.canary import Endpoint
 from tests.support.wire import FakeLlama, FakeRouter
 
@@ -149,6 +150,11 @@ async def test_basic_auth_on_the_exporter(make_watcher, clock, tmp_path: Path) -
     try:
         refused = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2)
         assert refused.verdict == "unchecked" and "refused the credentials" in refused.summary
+        assert "give --exporter-username and --exporter-password-file as its --web-config's" in refused.summary
+        # The pytest plugin asks the same way and names its own flags (the daemon's --web-config stays the daemon's).
+        in_plugin = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2, spelling=PLUGIN)
+        assert "give --specwatch-exporter-username and --specwatch-exporter-password-file as its --web-config's" \
+            in in_plugin.summary
         assert (await ask([Exporter(served.url, "gate", wrong)], servers=[], labels=[], model=None, timeout=2)).exit_code == 2
         allowed = await ask([Exporter(served.url, "gate", password)], servers=[], labels=[], model=None, timeout=2)
         assert allowed.verdict == "clean"
@@ -190,6 +196,9 @@ def test_the_command_line(fleet: Served, capsys) -> None:
     (["check", "http://a:1", "--label", "pool=eval"], "--label cannot be used without --exporter"),
     (["check", "http://a:1", "--server", "x"], "--server cannot be used without --exporter"),
     (["check", "--exporter", "http://b:2", "--exporter-password-file", "/x"], "needs --exporter-username"),
+    (["check", "--exporter", "http://b:2", "--exporter-key-file", "/x"], "--exporter-key-file needs --exporter-cert-file"),
+    (["check", "--exporter", "http://b:2", "--endpoint", "chat", "--api-key-env", "K"],
+     "--api-key-env, --endpoint cannot be used with --exporter: --exporter sends no canary"),
 ])
 def test_usage_errors(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 64

@@ -248,6 +248,18 @@ async def test_the_report_says_whether_a_key_was_sent(key: str | None, phrase: s
     assert report.as_json()["reason"] == "unauthorized"
 
 
+async def test_the_key_hint_names_the_flags_of_the_front_end_that_checks() -> None:
+    """`specwatch check` names its flags; the pytest plugin, checking the same way, names its own."""
+    from specwatch.gate.options import PLUGIN
+
+    as_check = await _check(FakeLlama.plain(api_key="right"))
+    assert as_check.summary.endswith("; no API key was sent: give --api-key-file or --api-key-env")
+    as_plugin = await run_check(ServerConfig(name="check", url="http://srv:8080"), endpoints=list(Endpoint), tokens=16,
+                                timeout=5, spelling=PLUGIN,
+                                connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(FakeLlama.plain(api_key="right"))))
+    assert as_plugin.summary.endswith("; no API key was sent: give --specwatch-api-key-file or --specwatch-api-key-env")
+
+
 async def test_each_failed_endpoint_carries_its_closed_set_reason() -> None:
     def failing(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/chat/completions":

@@ -144,6 +144,13 @@ def test_check_timeout_takes_a_duration() -> None:
     assert '"verdict": "unchecked"' in result.stdout and "connection_refused" in result.stdout
 
 
+def test_an_unknown_endpoint_is_named_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["check", "http://h:1", "--endpoint", "telepathy"])
+    assert caught.value.code == 64
+    assert "argument --endpoint: unknown endpoint telepathy; choose from completion, completion_stream," in capsys.readouterr().err
+
+
 def test_main_help_documents_the_usage_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])

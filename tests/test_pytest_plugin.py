@@ -16,12 +16,13 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from specwatch.gate.options import ASKING, CHECK, OPTIONS, PLUGIN, Mode, Option
 from specwatch.gate.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED, Defaults, defaults_of
 from tests.support.loopback import FaultServer
 from tests.support.net import refused_url
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until
-from tests.support.wire import FakeLlama
+from tests.support.wire import FakeLlama, FakeRouter
 
 pytest_plugins = ["pytester"]
 
@@ -114,14 +115,17 @@ def test_every_server_named_must_be_clean_and_the_worst_verdict_decides(suite: p
 
 @pytest.mark.real
 def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loaded but not asked: no header line, no check, nothing of specwatch imported; its options and fixture exist."""
+    """Loaded but not asked: no header line, no check, nothing of specwatch imported but its table of options; its
+    options and fixture exist, and the fixture says what it returns."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     pytester.makepyfile(test_quiet="""
         import sys
 
         def test_nothing_of_specwatch_was_loaded(request):
             loaded = sorted(m for m in sys.modules if m.startswith("specwatch."))
-            assert loaded == ["specwatch.gate.pytest_plugin"], loaded
+            # The option table, and the names of the canary's endpoints that --specwatch-endpoint takes.
+            assert loaded == ["specwatch.gate", "specwatch.gate.options", "specwatch.gate.pytest_plugin", "specwatch.probe",
+                              "specwatch.probe.answers", "specwatch.probe.canary", "specwatch.reasons"], loaded
             assert request.config.pluginmanager.has_plugin("specwatch") or request.config.pluginmanager.has_plugin(
                 "specwatch.gate.pytest_plugin")
     """)
@@ -132,7 +136,9 @@ def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytes
     for flag in ("--specwatch=URL", "--specwatch-exporter=URL", "--specwatch-label=KEY=VALUE", "--specwatch-api-key-file=FILE"):
         assert flag in helped
     assert "specwatch (args):" in helped  # the ini key
-    assert "specwatch [session scope]" in pytester.runpytest_subprocess(*plugin_args(), "--fixtures").stdout.str()
+    fixtures = " ".join(pytester.runpytest_subprocess(*plugin_args(), "--fixtures").stdout.str().split())
+    assert "specwatch [session scope]" in fixtures
+    assert "returns its CheckReport, (exporter=url) its AskReport, if clean: .as_json() is what check --json prints" in fixtures
 
 
 def test_collect_only_checks_nothing(suite: pytest.Pytester) -> None:
@@ -189,6 +195,10 @@ def test_the_api_key_comes_from_a_variable_or_a_file_and_is_never_shown(suite: p
     (["--specwatch-exporter", "http://e:9824", "--specwatch-label", "pool"], "'pool' must look like KEY=VALUE"),
     (["--specwatch-exporter", "http://e:9824", "--specwatch-exporter-password-file", "pw"],
      "--specwatch-exporter-password-file needs --specwatch-exporter-username"),
+    (["--specwatch-exporter", "http://e:9824", "--specwatch-exporter-key-file", "key.pem"],
+     "--specwatch-exporter-key-file needs --specwatch-exporter-cert-file"),
+    (["--specwatch", "http://a:8080", "--specwatch-server", "a", "--specwatch-label", "pool=eval"],
+     "--specwatch-server, --specwatch-label select what --specwatch-exporter reports"),
     (["--specwatch", "http://a:8080", "--specwatch-api-key-env", "SPECWATCH_TEST_UNSET_VARIABLE"],
      "environment variable 'SPECWATCH_TEST_UNSET_VARIABLE' (api_key_env) is unset or empty"),
     (["--specwatch", "http://a:8080", "--specwatch-api-key-file", "no-such.key"], "no-such.key"),
@@ -306,11 +316,122 @@ def test_run_and_check_never_import_the_plugin_or_pytest(tmp_path: Path) -> None
 
 
 def test_the_defaults_with_no_option_given_are_checks_defaults() -> None:
-    """The plugin spells them out so that loading it imports nothing of specwatch; they must not drift from check's."""
+    """The plugin's Defaults has a field for each option of the table, holding check's default (a tuple for a list)."""
+    from specwatch.cli import _parser
     from specwatch.gate.options import DEFAULT_TIMEOUT, DEFAULT_TOKENS
 
     assert Defaults() == defaults_of({})
-    assert (Defaults().tokens, Defaults().timeout) == (DEFAULT_TOKENS, DEFAULT_TIMEOUT)
+    assert (Defaults().tokens, Defaults().timeout) == (DEFAULT_TOKENS, DEFAULT_TIMEOUT) == (48, 60.0)
+    assert set(Defaults.__dataclass_fields__) == {"urls"} | {o.dest for o in OPTIONS}
+    checked = vars(_parser().parse_args(["check", "http://h:1"]))
+    for option in OPTIONS:
+        as_check = checked[option.dest]
+        assert getattr(Defaults(), option.dest) == (tuple(as_check or ()) if option.repeatable else as_check), option.name
+
+
+def _said(text: str) -> str:
+    """Help text as words: argparse and pytest wrap it to the terminal's width."""
+    return " ".join(text.split())
+
+
+def _shown(option: Option, flag: str, joiner: str) -> str:
+    """How --help lists an option: its flag, the value it takes, and its help in the front end's words."""
+    value = option.metavar or "{" + ",".join(option.choices) + "}"
+    spelling = CHECK if flag == option.flag else PLUGIN
+    return _said(f"{flag}{'' if option.parse is None else joiner + value} {spelling.say(option.help)}")
+
+
+def test_every_option_of_the_table_is_a_flag_of_check_and_of_the_plugin(pytester: pytest.Pytester,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """One table, two front ends: each row is in `specwatch check --help` and `pytest --help` (with its ini key), with the
+    same value, the same help in each front end's flags and the same grouping (the exporter form's options apart)."""
+    from specwatch.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    check = _said(capsys.readouterr().out)
+    plugin = _said(run(pytester, "--help").stdout.str())
+    check_group, plugin_group = check.index(_said(ASKING)), plugin.index(_said(f"specwatch: {ASKING}:"))
+    for option in OPTIONS:
+        in_check, in_plugin = check.find(_shown(option, option.flag, " ")), plugin.find(_shown(option, option.plugin_flag, "="))
+        assert in_check > 0, (option.name, check)
+        assert in_plugin > 0, (option.name, plugin)
+        assert (in_check > check_group) == (in_plugin > plugin_group) == (option.mode is Mode.EXPORTER), option.name
+        kind = "bool" if option.parse is None else "args" if option.repeatable else "string"
+        assert _said(f"{option.ini} ({kind}): {PLUGIN.say(option.help)} (as {option.plugin_flag})") in plugin, option.name
+        assert "{" not in PLUGIN.say(option.help) and "--specwatch-" not in CHECK.say(option.help)
+
+
+# A value for each option of the table, as a command line or an ini gives it (together they break no rule).
+SAMPLES = {"api_key_file": "llama.key", "api_key_env": "LLAMA_KEY", "model": "qwen", "load": None, "endpoint": "chat",
+           "tokens": "16", "timeout": "1m30s", "exporter": "http://e:9824", "server": "eval-a", "label": "pool=eval",
+           "exporter_username": "eval", "exporter_password_file": "pw", "exporter_ca_file": "ca.pem",
+           "exporter_cert_file": "cert.pem", "exporter_key_file": "key.pem"}
+
+
+def test_every_option_given_reaches_the_check_as_check_takes_it() -> None:
+    """The same value through `specwatch check --FLAG` and the plugin's option: the check gets the same thing."""
+    from specwatch.cli import _parser
+
+    assert set(SAMPLES) == {o.name for o in OPTIONS}
+    argv = [arg for o in OPTIONS for arg in (o.flag, SAMPLES[o.name]) if arg is not None]
+    checked = vars(_parser().parse_args(["check", *argv]))
+    given = {o.ini: True if o.parse is None else [SAMPLES[o.name]] if o.repeatable else SAMPLES[o.name] for o in OPTIONS}
+    plugin = defaults_of(given)
+    for option in OPTIONS:
+        as_check = checked[option.dest]
+        assert as_check != option.default, option.name  # the sample is not the default: it must have travelled
+        assert getattr(plugin, option.dest) == (tuple(as_check) if option.repeatable else as_check), option.name
+
+
+def test_every_message_names_the_plugins_flags_in_the_plugin() -> None:
+    """Usage problems are worded once; filled in for the plugin, they name no flag of check's."""
+    from specwatch.gate import options
+
+    templates = [v for k, v in vars(options).items() if k.isupper() and isinstance(v, str) and "{" in v]
+    assert len(templates) >= 6
+    for template in templates:
+        said = PLUGIN.say(template, flags="--specwatch-x")
+        assert "{" not in said and re.findall(r"--[\w-]+", said), said
+        assert all(flag.startswith("--specwatch-") for flag in re.findall(r"(?<![\w-])--[\w-]+", said)), said
+        in_check = CHECK.say(template, flags="--x")
+        assert all(not flag.startswith("--specwatch") for flag in re.findall(r"(?<![\w-])--[\w-]+", in_check)), in_check
+
+
+def test_load_reaches_the_plugins_check(suite: pytest.Pytester) -> None:
+    """--specwatch-load (or the ini's specwatch_load) asks a router to load --specwatch-model first, as check --load."""
+    models = {"plain": FakeLlama.plain(tokens=None), "cold": FakeLlama.plain(tokens=None)}
+    with FaultServer(FakeRouter(models=models, status={"plain": "loaded"})) as server:
+        unloaded = run(suite, "--specwatch", server.url, "--specwatch-model", "cold")
+        assert unloaded.ret == EXIT_UNCHECKED and not scored(suite), unloaded.stdout.str()
+        assert server.fake.loads == []
+        suite.makeini(f"[pytest]\nspecwatch = {server.url}\nspecwatch_model = cold\nspecwatch_load = true\n")
+        loaded = run(suite)
+        assert loaded.ret == 0 and scored(suite), loaded.stdout.str()
+        assert server.fake.loads == ["cold"]
+
+
+@pytest.mark.real
+def test_a_check_from_the_plugin_imports_neither_the_command_line_nor_the_daemon(pytester: pytest.Pytester,
+                                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                                   plain: FaultServer) -> None:
+    """The plugin runs `check` and `check --exporter` through the gate alone: no specwatch.cli, no daemon, no web server."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    pytester.makeconftest("""
+        import sys
+
+        def pytest_unconfigure(config):
+            with open("loaded.txt", "w") as out:
+                out.write("\\n".join(sorted(m for m in sys.modules if m.startswith("specwatch"))))
+    """)
+    pytester.makepyfile(test_eval=PASSING_SUITE)
+    result = pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "--specwatch", plain.url,
+                                           "--specwatch-exporter", refused_url(), "--specwatch-timeout", "2s")
+    assert result.ret == EXIT_UNCHECKED, result.stdout.str() + result.stderr.str()
+    assert f"specwatch: {plain.url}: CLEAN" in result.stdout.str()  # both ways of checking ran
+    loaded = (pytester.path / "loaded.txt").read_text().split()
+    assert {"specwatch.gate.check", "specwatch.gate.ask"} <= set(loaded), loaded
+    assert [m for m in loaded if m == "specwatch.cli" or m.startswith("specwatch.daemon")] == [], loaded
 
 
 def test_the_base_install_registers_the_plugin() -> None:

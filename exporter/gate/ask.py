@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 import httpx
 
+from specwatch.gate.options import CHECK, Spelling
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure
@@ -88,7 +89,7 @@ def _query(servers: list[str], labels: list[tuple[str, str]], model: str | None)
     return f"?{urlencode(pairs)}" if pairs else ""
 
 
-async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float) -> dict[str, Any]:
+async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float, spelling: Spelling) -> dict[str, Any]:
     url = exporter.url.rstrip("/") + VERDICTS_PATH + query
     try:
         headers = exporter.headers()
@@ -98,11 +99,11 @@ async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: f
         document = await fetcher.get_json(url, headers=headers, timeout=timeout)
     except ProbeFailure as failure:
         hint = {
-            "unauthorized": "the exporter refused the credentials: give --exporter-username and --exporter-password-file "
-                            "as its --web-config's basic_auth_users expects",
+            "unauthorized": spelling.say("the exporter refused the credentials: give {exporter_username} and "
+                                         "{exporter_password_file} as its --web-config's basic_auth_users expects"),
             "not_found": f"no {VERDICTS_PATH} there: not a specwatch exporter, or one older than this check",
             "client_error": "the exporter refused the selection",
-            "tls": "TLS failed: give the exporter's CA with --exporter-ca-file (or its client certificate)",
+            "tls": spelling.say("TLS failed: give the exporter's CA with {exporter_ca_file} (or its client certificate)"),
         }.get(failure.reason.value, "")
         message = f"cannot ask the exporter at {exporter.url}: {failure}"
         raise ExporterUnreachable(message + (f"; {hint}" if hint else "")) from None
@@ -164,7 +165,7 @@ def _merged(candidates: list[ModelVerdict]) -> list[ModelVerdict]:
 
 async def ask(
     exporters: list[Exporter], *, servers: list[str], labels: list[tuple[str, str]], model: str | None, timeout: float,
-    client: httpx.AsyncClient | None = None,
+    client: httpx.AsyncClient | None = None, spelling: Spelling = CHECK,
 ) -> AskReport:
     """The worst verdict of the selection across every exporter; unchecked when an exporter cannot be asked."""
     report = AskReport(exporters=[e.url for e in exporters],
@@ -175,10 +176,10 @@ async def ask(
     for exporter in exporters:
         try:
             if client is not None:
-                document = await _document(Fetcher(client, MAX_DOCUMENT_BYTES), exporter, query, timeout)
+                document = await _document(Fetcher(client, MAX_DOCUMENT_BYTES), exporter, query, timeout, spelling)
             else:
                 async with new_client(verify=exporter.verify()) as http:
-                    document = await _document(Fetcher(http, MAX_DOCUMENT_BYTES), exporter, query, timeout)
+                    document = await _document(Fetcher(http, MAX_DOCUMENT_BYTES), exporter, query, timeout, spelling)
         except (ExporterUnreachable, ssl.SSLError, OSError) as err:
             message = str(err) if isinstance(err, ExporterUnreachable) else f"cannot use the TLS files for {exporter.url}: {err}"
             return _decided(report, Decision(Verdict.UNCHECKED, message))

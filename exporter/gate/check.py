@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from specwatch.gate import oneserver
+from specwatch.gate.options import CHECK, Spelling
 from specwatch.probe import probes
 from specwatch.probe.canary import TABLE, Endpoint
 from specwatch.probe.client import new_client
@@ -81,6 +82,7 @@ async def run_check(
     max_bytes: int = 4 * 1024 * 1024,
     connect: Callable[[], httpx.AsyncClient] = new_client,
     load: bool = False,
+    spelling: Spelling = CHECK,
 ) -> CheckReport:
     """Poll the server and canary every loaded model (the configured one with `server.model`), through the runner.
 
@@ -99,7 +101,7 @@ async def run_check(
             if not endpoints:
                 return _decided(CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES)), Decision(
                     Verdict.UNCHECKED, "only /v1/* answers here (an OpenAI-compatible front end?), and the endpoints "
-                    "asked for need /completion: ask for v1_completion or chat"))
+                    "asked for need /completion: ask for v1_completion or chat"), spelling)
             runner = Runner(Fleet([server], endpoints), fetcher, policy)
             polled = await runner.poll_once_with(server, probes.gateway_poll)
         elif load and server.model and polled.result is not None and polled.result.router \
@@ -107,14 +109,15 @@ async def run_check(
             try:
                 await probes.load(fetcher, server, server.model, timeout=timeout)
             except ProbeFailure as failure:
-                return _decided(CheckReport(url=server.url), Decision(Verdict.UNCHECKED, f"could not load the model: {failure}"))
+                return _decided(CheckReport(url=server.url), Decision(Verdict.UNCHECKED, f"could not load the model: {failure}"),
+                                spelling)
             polled = await runner.poll_once(server)
         for key, model in _state(runner).models.items():
             if model.poll is not None:
                 await runner.round(server, key, endpoints, full=True)
         one_server = not gateway and polled.result is not None and not polled.result.router
         again = await _polls_anew(server, policy, max_bytes, connect) if one_server else []
-    report = report_of(server, _state(runner))
+    report = report_of(server, _state(runner), spelling)
     if gateway:
         report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
         report.summary += (" (through a front end that forwards only /v1/*: /props and /slots answer 404 there, so "
@@ -125,7 +128,7 @@ async def run_check(
         report.signs = oneserver.signs(model.poll, again, model.model, tallies)
         if report.signs:
             why = f"answers cannot come from one server: {'; '.join(report.signs)}; {oneserver.HINT}"
-            return _decided(report, Decision(Verdict.UNCHECKED, why))
+            return _decided(report, Decision(Verdict.UNCHECKED, why), spelling)
     return report
 
 
@@ -155,7 +158,7 @@ async def _polls_anew(
     return found
 
 
-def report_of(server: ServerConfig, state: ServerState) -> CheckReport:
+def report_of(server: ServerConfig, state: ServerState, spelling: Spelling) -> CheckReport:
     """The check's report from what the runner recorded: the server's one model, or every model of a router."""
     report = CheckReport(url=server.url, api_key_sent=server.api_key is not None,
                          reason=state.poll_failure_reason.value if state.poll_failure_reason else None)
@@ -165,24 +168,24 @@ def report_of(server: ServerConfig, state: ServerState) -> CheckReport:
         report.speculation_slots, report.speculation_props = only.speculation_slots, only.speculation_props
         report.build, report.endpoints = only.build, only.endpoints
         report.model = server.model or only.model or None
-        return _decided(report, decision)
+        return _decided(report, decision, spelling)
     report.router, report.models, report.model = True, [m for m, _ in checked], server.model
     # A router's verdict is its worst loaded model's: an eval may be sent to any of them.
     counted = [(m.model, d) for m, d in checked if server.model or m.status == "loaded"]
     if not counted:
-        return _decided(report, NOTHING_LOADED)
+        return _decided(report, NOTHING_LOADED, spelling)
     name, decision = worst(counted)
     if len(checked) > 1:
         verdicts = ", ".join(f"{m.model}: {m.verdict}" for m, _ in checked)
         decision = Decision(decision.verdict, f"{decision.summary} (model {name}; models: {verdicts})")
-    return _decided(report, decision)
+    return _decided(report, decision, spelling)
 
 
-def _decided(report: CheckReport, decision: Decision) -> CheckReport:
+def _decided(report: CheckReport, decision: Decision, spelling: Spelling) -> CheckReport:
     summary = decision.summary
     if report.reason == Reason.UNAUTHORIZED.value:
         summary += ("; the API key sent was refused" if report.api_key_sent
-                    else "; no API key was sent: give --api-key-file or --api-key-env")
+                    else spelling.say("; no API key was sent: give {api_key_file} or {api_key_env}"))
     report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, summary
     return report
 

@@ -5,16 +5,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # Only pytest loads this module (the `pytest11` entry point), so pytest is importable here; nothing else of
-# specwatch imports it. Everything of specwatch itself is imported when asked for: an installed plugin that is not
-# asked for costs a suite nothing but its options.
+# specwatch imports it. Of specwatch, only the table of options is imported when pytest loads the plugin (it is kept
+# cheap to import); the rest when a check is asked for: an installed plugin that is not asked for costs a suite nothing
+# but its options.
 import pytest
+
+from specwatch.gate.options import (
+    ASKING,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TOKENS,
+    OPTIONS,
+    PLUGIN,
+    Mode,
+    Option,
+    check_server,
+    exporter_flags_problem,
+    logs_to_stderr,
+    selection_problem,
+)
 
 if TYPE_CHECKING:
     from specwatch.gate.ask import AskReport
@@ -29,61 +43,30 @@ EXIT_UNCHECKED = 12
 # failed (1) or a session interrupted (2); these say a gate refused, and keep "not real" apart from "could not tell".
 
 GROUP = "specwatch"
-
-
-@dataclass(frozen=True)
-class _Option:
-    flag: str
-    ini: str
-    kind: str
-    """One of: list (a repeatable flag; whitespace-separated in the ini), text, path (relative to the ini's folder)."""
-    metavar: str
-    help: str
-
-    @property
-    def dest(self) -> str:
-        return self.ini
-
-
-OPTIONS = (
-    _Option("--specwatch", "specwatch", "list", "URL",
-            "canary this llama-server before the session (repeatable); no test runs unless it is clean"),
-    _Option("--specwatch-exporter", "specwatch_exporter", "list", "URL",
-            "ask this running specwatch for the verdicts it holds instead (repeatable: shards and replicas)"),
-    _Option("--specwatch-server", "specwatch_server", "list", "NAME",
-            "with --specwatch-exporter: a server the suite reads from, by its configured name (repeatable: any of them)"),
-    _Option("--specwatch-label", "specwatch_label", "list", "KEY=VALUE",
-            "with --specwatch-exporter: select servers by label (repeatable: all must match)"),
-    _Option("--specwatch-model", "specwatch_model", "text", "ID", "one model of a router (default: every loaded model)"),
-    _Option("--specwatch-api-key-env", "specwatch_api_key_env", "text", "VAR",
-            "environment variable holding the servers' API key (never give a key on the command line)"),
-    _Option("--specwatch-api-key-file", "specwatch_api_key_file", "path", "FILE", "file holding the servers' API key"),
-    _Option("--specwatch-endpoint", "specwatch_endpoint", "list", "NAME",
-            "endpoint to canary (repeatable; default: all); fewer endpoints check less of what an eval may read"),
-    _Option("--specwatch-tokens", "specwatch_tokens", "text", "N",
-            "tokens per canary, 4 to 512 (default 48, as check); shorter proves less: see specwatch check --help"),
-    _Option("--specwatch-timeout", "specwatch_timeout", "text", "DURATION", "per request, e.g. 30s (default 60s)"),
-    _Option("--specwatch-exporter-username", "specwatch_exporter_username", "text", "USER",
-            "basic auth user of the exporter's --web-config"),
-    _Option("--specwatch-exporter-password-file", "specwatch_exporter_password_file", "path", "FILE",
-            "file holding that user's password"),
-    _Option("--specwatch-exporter-ca-file", "specwatch_exporter_ca_file", "path", "FILE",
-            "CA that signed the exporter's TLS certificate"),
-    _Option("--specwatch-exporter-cert-file", "specwatch_exporter_cert_file", "path", "FILE",
-            "client certificate, when the exporter asks for one"),
-    _Option("--specwatch-exporter-key-file", "specwatch_exporter_key_file", "path", "FILE", "its key"),
-)
+TARGETS = "specwatch"
+"""The plugin's own option, `--specwatch URL`: the rest are the gate's, from the table that makes check's flags."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup(GROUP, "specwatch: run no test against servers that serve fill-in logprobs")
+    targets = "canary this llama-server before the session (repeatable); no test runs unless it is clean"
+    group.addoption(f"--{TARGETS}", action="append", dest=TARGETS, metavar="URL", help=targets)
+    parser.addini(TARGETS, f"{targets} (as --{TARGETS})", type="args", default=[])
+    asking = parser.getgroup(f"{GROUP}-exporter", f"specwatch: {ASKING}")
     for option in OPTIONS:
-        if option.kind == "list":
-            group.addoption(option.flag, action="append", dest=option.dest, metavar=option.metavar, help=option.help)
-        else:
-            group.addoption(option.flag, dest=option.dest, metavar=option.metavar, help=option.help)
-        parser.addini(option.ini, f"{option.help} (as {option.flag})", type="args" if option.kind == "list" else "string",
-                      default=[] if option.kind == "list" else "")
+        text = PLUGIN.say(option.help)
+        where = asking if option.mode is Mode.EXPORTER else group
+        if option.kind == "switch":
+            where.addoption(option.plugin_flag, action="store_true", default=None, dest=option.ini, help=text)
+            parser.addini(option.ini, f"{text} (as {option.plugin_flag})", type="bool", default=False)
+            continue
+        # No type and no choices here: the values are checked as `specwatch check` checks them, command line and ini
+        # alike, in pytest_configure, so that a bad one is a specwatch usage error that says which option it was.
+        metavar = option.metavar or "{" + ",".join(option.choices) + "}"
+        where.addoption(option.plugin_flag, action="append" if option.repeatable else "store", dest=option.ini,
+                        metavar=metavar, help=text)
+        parser.addini(option.ini, f"{text} (as {option.plugin_flag})", type="args" if option.repeatable else "string",
+                      default=[] if option.repeatable else "")
 
 
 @dataclass(frozen=True)
@@ -97,9 +80,10 @@ class Defaults:
     model: str | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
+    load: bool = False
     endpoints: tuple[str, ...] = ()
-    tokens: int = 48
-    timeout: float = 60.0
+    tokens: int = DEFAULT_TOKENS
+    timeout: float = DEFAULT_TIMEOUT
     exporter_username: str | None = None
     exporter_password_file: Path | None = None
     exporter_ca_file: Path | None = None
@@ -111,19 +95,21 @@ def _given(config: pytest.Config) -> dict[str, Any]:
     """Each option given, on the command line (which wins) or in the ini; nothing for an option given in neither."""
     found: dict[str, Any] = {}
     base = config.inipath.parent if config.inipath is not None else config.rootpath
-    for option in OPTIONS:
-        value = config.getoption(option.dest)
+    for ini, kind in [(TARGETS, "list"), *((o.ini, o.kind) for o in OPTIONS)]:
+        value = config.getoption(ini)
         from_ini = value in (None, [])
         if from_ini:
-            value = config.getini(option.ini)
-        if value in (None, "", []):
+            value = config.getini(ini)
+        if value in (None, "", [], False):
             continue
-        if option.kind == "list":
-            found[option.dest] = [str(v) for v in value]
-        elif option.kind == "path":
-            found[option.dest] = base / value if from_ini else Path(value)
+        if kind == "list":
+            found[ini] = [str(v) for v in value]
+        elif kind == "path":
+            found[ini] = base / value if from_ini else Path(value)
+        elif kind == "switch":
+            found[ini] = True
         else:
-            found[option.dest] = str(value).strip()
+            found[ini] = str(value).strip()
     return found
 
 
@@ -133,55 +119,34 @@ class GateError(Exception):
 
 def server_config(url: str, defaults: Defaults) -> ServerConfig:
     """The server `specwatch check URL` would canary with these options; the same refusals, as a GateError."""
-    from specwatch.gate.options import check_server
-
     try:
         return check_server(url, api_key_file=defaults.api_key_file, api_key_env=defaults.api_key_env, model=defaults.model)
     except ValueError as err:
         raise GateError(f"cannot check {url}: {err}") from None
 
 
+def _parsed(option: Option, value: Any) -> Any:
+    """A value as `specwatch check` takes it: each of a repeatable option's values parsed, as a tuple."""
+    if option.parse is None:
+        return bool(value)
+    if option.repeatable:
+        return tuple(option.parse(v) for v in value)
+    return option.parse(value)
+
+
 def defaults_of(given: Mapping[str, Any]) -> Defaults:
     """The options as `specwatch check` would take them, or a GateError saying what is wrong."""
-    from specwatch.gate.options import (
-        DEFAULT_TIMEOUT,
-        DEFAULT_TOKENS,
-        duration_argument,
-        exporter_flags_problem,
-        label_argument,
-        tokens_argument,
-    )
-    from specwatch.probe.canary import Endpoint
-
-    try:
-        tokens = tokens_argument(given["specwatch_tokens"]) if "specwatch_tokens" in given else DEFAULT_TOKENS
-        timeout = duration_argument(given["specwatch_timeout"]) if "specwatch_timeout" in given else DEFAULT_TIMEOUT
-        labels = tuple(label_argument(text) for text in given.get("specwatch_label", []))
-    except (ValueError, argparse.ArgumentTypeError) as err:
-        raise GateError(str(err)) from None
-    endpoints = tuple(given.get("specwatch_endpoint", []))
-    unknown = [e for e in endpoints if e not in {m.value for m in Endpoint}]
-    if unknown:
-        raise GateError(f"unknown endpoint {', '.join(unknown)}; choose from {', '.join(e.value for e in Endpoint)}")
-    exporters = tuple(given.get("specwatch_exporter", []))
-    selecting = [o.flag for o in OPTIONS if o.dest in ("specwatch_server", "specwatch_label") and o.dest in given]
-    if selecting and not exporters:
-        raise GateError(f"{', '.join(selecting)} select what --specwatch-exporter reports: give --specwatch-exporter URL too")
-    problem = exporter_flags_problem(
-        key_file=given.get("specwatch_exporter_key_file"), cert_file=given.get("specwatch_exporter_cert_file"),
-        password_file=given.get("specwatch_exporter_password_file"), username=given.get("specwatch_exporter_username"))
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.ini in given:
+            try:
+                values[option.dest] = _parsed(option, given[option.ini])
+            except (ValueError, argparse.ArgumentTypeError) as err:
+                raise GateError(str(err)) from None
+    problem = selection_problem(values, PLUGIN) or exporter_flags_problem(values, PLUGIN)
     if problem is not None:
-        raise GateError(_flags_named_here(problem))
-    return Defaults(
-        urls=tuple(given.get("specwatch", [])), exporters=exporters, servers=tuple(given.get("specwatch_server", [])),
-        labels=labels, model=given.get("specwatch_model"), api_key_env=given.get("specwatch_api_key_env"),
-        api_key_file=given.get("specwatch_api_key_file"), endpoints=endpoints, tokens=tokens, timeout=timeout,
-        exporter_username=given.get("specwatch_exporter_username"),
-        exporter_password_file=given.get("specwatch_exporter_password_file"),
-        exporter_ca_file=given.get("specwatch_exporter_ca_file"),
-        exporter_cert_file=given.get("specwatch_exporter_cert_file"),
-        exporter_key_file=given.get("specwatch_exporter_key_file"),
-    )
+        raise GateError(problem)
+    return Defaults(urls=tuple(given.get(TARGETS, [])), **values)
 
 
 @dataclass
@@ -199,14 +164,6 @@ class Outcome:
     @property
     def clean(self) -> bool:
         return self.report.exit_code == 0
-
-
-_CHECK_FLAGS = re.compile(r"(?<![\w-])--(?=(?:api-key-file|api-key-env|exporter|model|tokens|endpoint|server|label)\b)")
-
-
-def _flags_named_here(text: str) -> str:
-    """`specwatch check`'s words with this plugin's flags: "give --api-key-file" becomes "give --specwatch-api-key-file"."""
-    return _CHECK_FLAGS.sub("--specwatch-", text)
 
 
 def _run(coro: Any) -> Any:
@@ -228,22 +185,22 @@ class Gate:
 
     def canary(self, url: str, defaults: Defaults) -> Outcome:
         """`specwatch check URL`: poll the server and canary it on every endpoint asked for."""
-        key = ("canary", url, defaults.model, defaults.api_key_env, defaults.api_key_file, defaults.endpoints,
-               defaults.tokens, defaults.timeout)
+        key = ("canary", url, defaults.model, defaults.api_key_env, defaults.api_key_file, defaults.load,
+               defaults.endpoints, defaults.tokens, defaults.timeout)
         if key not in self.done:
             self.done[key] = self._canary(url, defaults)
         return self.done[key]
 
     def _canary(self, url: str, defaults: Defaults) -> Outcome:
         from specwatch.gate.check import render_text, run_check
-        from specwatch.gate.options import logs_to_stderr
         from specwatch.probe.canary import Endpoint
 
         server = server_config(url, defaults)
         endpoints = [Endpoint(e) for e in defaults.endpoints] if defaults.endpoints else list(Endpoint)
         with logs_to_stderr():
-            report = _run(run_check(server, endpoints=endpoints, tokens=defaults.tokens, timeout=defaults.timeout))
-        return Outcome(url, report, _flags_named_here(render_text(report)))
+            report = _run(run_check(server, endpoints=endpoints, tokens=defaults.tokens, timeout=defaults.timeout,
+                                    load=defaults.load, spelling=PLUGIN))
+        return Outcome(url, report, render_text(report))
 
     def ask(self, exporters: Sequence[str], defaults: Defaults) -> Outcome:
         """`specwatch check --exporter URL`: the verdicts a running specwatch holds for the selection; no canary."""
@@ -256,18 +213,17 @@ class Gate:
 
     def _ask(self, urls: Sequence[str], defaults: Defaults) -> Outcome:
         from specwatch.gate.ask import Exporter, ask, render_text
-        from specwatch.gate.options import logs_to_stderr
 
         exporters = [Exporter(url, defaults.exporter_username, defaults.exporter_password_file, defaults.exporter_ca_file,
                               defaults.exporter_cert_file, defaults.exporter_key_file) for url in urls]
         with logs_to_stderr():
             report = _run(ask(exporters, servers=list(defaults.servers), labels=list(defaults.labels), model=defaults.model,
-                              timeout=defaults.timeout))
+                              timeout=defaults.timeout, spelling=PLUGIN))
         selection = [f"server={s}" for s in defaults.servers] + [f"label={k}={v}" for k, v in defaults.labels]
         if defaults.model:
             selection.append(f"model={defaults.model}")
         target = f"{', '.join(urls)} ({', '.join(selection) or 'everything it watches'})"
-        return Outcome(target, report, _flags_named_here(render_text(report)))
+        return Outcome(target, report, render_text(report))
 
     def session(self) -> list[Outcome]:
         """Every check the command line and the ini ask for before the session."""
@@ -357,7 +313,7 @@ class SpecwatchGate:
         labels: Mapping[str, str] | None = None, model: str | None = None, api_key_env: str | None = None,
         api_key_file: str | Path | None = None, endpoints: Sequence[str] | None = None, tokens: int | None = None,
     ) -> CheckReport | AskReport:
-        """Canary `url`, or ask `exporter` about `servers` and `labels`; the report when clean, else pytest.fail."""
+        """Canary `url` (a CheckReport), or ask `exporter` about `servers` and `labels` (an AskReport); returned when clean."""
         if (url is None) == (exporter is None):
             raise TypeError("specwatch fixture: give a server's URL to canary it, or exporter=URL to ask a running specwatch")
         base = self._gate.defaults
@@ -392,5 +348,5 @@ class SpecwatchGate:
 # Named after the plugin, as pytest-mock's `mocker` or pytest-httpserver's `httpserver` are.
 @pytest.fixture(scope="session")
 def specwatch(pytestconfig: pytest.Config) -> SpecwatchGate:
-    """Check servers from a fixture: `specwatch("http://judge:8080")` returns the report, or fails when not clean."""
+    """specwatch(url) returns its CheckReport, (exporter=url) its AskReport, if clean: .as_json() is what check --json prints."""
     return SpecwatchGate(pytestconfig.stash[GATE_KEY])
