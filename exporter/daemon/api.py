@@ -12,7 +12,7 @@ from specwatch.probe.llama import names_of
 from specwatch.report import model_report
 from specwatch.settings.schema import Settings
 from specwatch.state import ModelState, ServerState
-from specwatch.verdict import Verdict
+from specwatch.verdict import Freshness, Verdict
 
 POLL_STALE_INTERVALS = 3
 """A model whose last good poll is older than this many poll_intervals is not being watched: its verdict is stale."""
@@ -70,8 +70,8 @@ def _model_entry(key: str, model: ModelState, state: ServerState, settings: Sett
     polled = state.last_poll_success_timestamp
     poll_age = None if polled is None else max(0.0, now - polled)
     age = None if confirmed is None else max(0.0, now - confirmed)
-    stale_poll = poll_age is None or poll_age > POLL_STALE_INTERVALS * settings.poll_interval
-    fresh = not stale_poll and age is not None and age <= bound
+    freshness = Freshness.measured(age=age, bound=bound, poll_age=poll_age,
+                                   poll_bound=POLL_STALE_INTERVALS * settings.poll_interval)
     entry = asdict(report)
     for endpoint in entry["endpoints"]:
         canary = next((c for e, c in model.canaries.items() if e.value == endpoint["endpoint"]), None)
@@ -82,8 +82,8 @@ def _model_entry(key: str, model: ModelState, state: ServerState, settings: Sett
         age_seconds=None if age is None else round(age, 3),
         poll_age_seconds=None if poll_age is None else round(poll_age, 3),
         max_age_seconds=round(bound, 3),
-        max_poll_age_seconds=POLL_STALE_INTERVALS * settings.poll_interval,
-        fresh=fresh,
+        max_poll_age_seconds=freshness.poll_bound,
+        fresh=freshness.fresh,
     )
     return entry
 

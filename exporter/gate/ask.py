@@ -14,7 +14,7 @@ import httpx
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure
-from specwatch.verdict import NOTHING_LOADED, SEVERITY, Decision, Verdict, worst
+from specwatch.verdict import SEVERITY, Decision, Freshness, Verdict, held, selection_verdict
 
 VERDICTS_PATH = "/api/v1/verdicts"
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
@@ -112,20 +112,10 @@ async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: f
 
 
 def _effective(entry: dict[str, Any]) -> Decision:
-    """A model's verdict as a gate may use it: a stale clean (or unproven) is not clean, it is unchecked."""
-    verdict = Verdict(entry["verdict"])
-    if entry.get("fresh") or verdict is Verdict.FILL_INS:
-        return Decision(verdict, entry["summary"])
-    age, bound = entry.get("age_seconds"), entry.get("max_age_seconds")
-    poll_age, poll_bound = entry.get("poll_age_seconds"), entry.get("max_poll_age_seconds")
-    if poll_age is None or (poll_bound is not None and poll_age > poll_bound):
-        why = "the exporter has no recent poll of it" if poll_age is None else \
-            f"the exporter's last good poll of it is {poll_age:.0f}s old (more than {poll_bound:.0f}s)"
-    elif age is None:
-        why = "not every endpoint has a successful canary yet"
-    else:
-        why = f"its canaries last confirmed it {age:.0f}s ago, more than its {bound:.0f}s bound"
-    return Decision(Verdict.UNCHECKED, f"stale: {why} (was {verdict.value}: {entry['summary']})")
+    """A model's verdict as a gate may use it (see verdict.held)."""
+    freshness = Freshness(bool(entry.get("fresh")), entry.get("age_seconds"), entry["max_age_seconds"],
+                          entry.get("poll_age_seconds"), entry["max_poll_age_seconds"])
+    return held(Decision(Verdict(entry["verdict"]), entry["summary"]), freshness)
 
 
 def _candidates(document: dict[str, Any], exporter: str, model: str | None) -> list[ModelVerdict]:
@@ -185,17 +175,8 @@ async def ask(
         watched += len(document["servers"])
         candidates += _candidates(document, exporter.url, model)
     report.models = sorted(_merged(candidates), key=lambda m: (SEVERITY.index(Verdict(m.verdict)), m.server, m.model))
-    if not report.models:
-        if watched:
-            return _decided(report, NOTHING_LOADED)
-        selected = _describe(report.selection)
-        return _decided(report, Decision(Verdict.UNCHECKED, f"nothing the exporter(s) watch matches the selection ({selected})"))
-    name, decision = worst((f"{m.server}" + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary))
-                           for m in report.models)
-    count = len(report.models)
-    if count > 1:
-        decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {count} selected)")
-    return _decided(report, decision)
+    found = [(m.server + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary)) for m in report.models]
+    return _decided(report, selection_verdict(found, any_watched=watched > 0, selection=_describe(report.selection)))
 
 
 def _describe(selection: dict[str, Any]) -> str:
