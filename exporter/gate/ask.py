@@ -14,9 +14,9 @@ import httpx
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure
-from specwatch.verdict import SEVERITY, Decision, Freshness, Verdict, held, selection_verdict
+from specwatch.report import VERDICTS_PATH, EndpointEntry, VerdictsDocument, read_verdicts
+from specwatch.verdict import SEVERITY, Decision, Verdict, held, selection_verdict
 
-VERDICTS_PATH = "/api/v1/verdicts"
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
 
@@ -59,7 +59,7 @@ class ModelVerdict:
     max_age_seconds: float | None
     labels: dict[str, str] = field(default_factory=dict)
     exporter: str = ""
-    endpoints: list[dict[str, Any]] = field(default_factory=list)
+    endpoints: list[EndpointEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -88,7 +88,7 @@ def _query(servers: list[str], labels: list[tuple[str, str]], model: str | None)
     return f"?{urlencode(pairs)}" if pairs else ""
 
 
-async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float) -> dict[str, Any]:
+async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float) -> VerdictsDocument:
     url = exporter.url.rstrip("/") + VERDICTS_PATH + query
     try:
         headers = exporter.headers()
@@ -106,32 +106,25 @@ async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: f
         }.get(failure.reason.value, "")
         message = f"cannot ask the exporter at {exporter.url}: {failure}"
         raise ExporterUnreachable(message + (f"; {hint}" if hint else "")) from None
-    if not isinstance(document, dict) or document.get("api") != "v1" or not isinstance(document.get("servers"), list):
-        raise ExporterUnreachable(f"{exporter.url} answered {VERDICTS_PATH} with something that is not a v1 verdicts document")
-    return document
+    try:
+        return read_verdicts(document)
+    except ValueError as err:
+        raise ExporterUnreachable(
+            f"{exporter.url} answered {VERDICTS_PATH} with something that is not a v1 verdicts document ({err})") from None
 
 
-def _effective(entry: dict[str, Any]) -> Decision:
-    """A model's verdict as a gate may use it (see verdict.held)."""
-    freshness = Freshness(bool(entry.get("fresh")), entry.get("age_seconds"), entry["max_age_seconds"],
-                          entry.get("poll_age_seconds"), entry["max_poll_age_seconds"])
-    return held(Decision(Verdict(entry["verdict"]), entry["summary"]), freshness)
-
-
-def _candidates(document: dict[str, Any], exporter: str, model: str | None) -> list[ModelVerdict]:
+def _candidates(document: VerdictsDocument, exporter: str, model: str | None) -> list[ModelVerdict]:
     found = []
-    for server in document["servers"]:
-        router = bool(server.get("router"))
-        for entry in server.get("models", []):
+    for server in document.servers:
+        for entry in server.models:
             # As `specwatch check` on a router: without --model, the loaded models are what an eval can reach.
-            if router and model is None and entry.get("status") != "loaded":
+            if server.router and model is None and entry.status != "loaded":
                 continue
-            decision = _effective(entry)
+            decision = held(Decision(entry.verdict, entry.summary), entry.freshness())
             found.append(ModelVerdict(
-                server=server["server"], model=entry.get("key") or "", verdict=decision.verdict.value,
-                summary=decision.summary, fresh=bool(entry.get("fresh")), age_seconds=entry.get("age_seconds"),
-                max_age_seconds=entry.get("max_age_seconds"), labels=server.get("labels", {}), exporter=exporter,
-                endpoints=entry.get("endpoints", []),
+                server=server.server, model=entry.key, verdict=decision.verdict.value, summary=decision.summary,
+                fresh=entry.fresh, age_seconds=entry.age_seconds, max_age_seconds=entry.max_age_seconds,
+                labels=server.labels, exporter=exporter, endpoints=entry.endpoints,
             ))
     return found
 
@@ -172,7 +165,7 @@ async def ask(
         except (ExporterUnreachable, ssl.SSLError, OSError) as err:
             message = str(err) if isinstance(err, ExporterUnreachable) else f"cannot use the TLS files for {exporter.url}: {err}"
             return _decided(report, Decision(Verdict.UNCHECKED, message))
-        watched += len(document["servers"])
+        watched += len(document.servers)
         candidates += _candidates(document, exporter.url, model)
     report.models = sorted(_merged(candidates), key=lambda m: (SEVERITY.index(Verdict(m.verdict)), m.server, m.model))
     found = [(m.server + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary)) for m in report.models]
