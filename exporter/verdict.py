@@ -185,10 +185,15 @@ def router_verdict(models: Sequence[RouterModel], *, one_asked: bool) -> Decisio
 
 
 def behind_a_balancer(decision: Decision, signs: Sequence[str], *, hint: str) -> Decision:
-    """Answers from more than one server (`signs`): no canary speaks for the replica an eval reaches (`hint`: what next)."""
+    """Answers from more than one server (`signs`): fill-ins seen stay proof, anything else is unchecked (`hint`: what next)."""
     if not signs:
         return decision
-    return Decision(Verdict.UNCHECKED, f"answers cannot come from one server: {'; '.join(signs)}; {hint}")
+    said = "; ".join(signs)
+    if decision.verdict is Verdict.FILL_INS:
+        return Decision(Verdict.FILL_INS, f"{decision.summary}; answers cannot come from one server: {said}; a load "
+                        "balancer in front spreads requests over replicas, and at least one of them serves fill-ins an "
+                        "eval sent here may read (specwatch check --exporter URL says which)")
+    return Decision(Verdict.UNCHECKED, f"answers cannot come from one server: {said}; {hint}")
 
 
 def key_hint(decision: Decision, poll_failure: Reason | None, *, key_sent: bool) -> Decision:

@@ -121,9 +121,10 @@ RULES = [
     (router(("a", True, CLEAN), ("c", False, DOWN)), Verdict.CLEAN, "(model a; models: a: clean, c: unchecked)"),
     (router(("c", False, DOWN), one_asked=True), Verdict.UNCHECKED, "could not poll"),
     (router(("c", False, DOWN), ("d", False, CLEAN)), Verdict.UNCHECKED, "the router has no model loaded"),
-    # Signs of a load balancer: no canary speaks for the replica an eval reaches.
-    (lambda: behind_a_balancer(FILL_INS, SIGNS, hint="ask the daemon"), Verdict.UNCHECKED,
-     "answers cannot come from one server: /props changed between requests (...); ask the daemon"),
+    # Signs of a load balancer: fill-ins seen stay proof, said beside the sign; nothing else is proven.
+    (lambda: behind_a_balancer(FILL_INS, SIGNS, hint="ask the daemon"), Verdict.FILL_INS,
+     "chat 7/7); do not score; answers cannot come from one server: /props changed between requests (...); a load "
+     "balancer in front spreads requests over replicas, and at least one of them serves fill-ins"),
     (lambda: behind_a_balancer(CLEAN, SIGNS, hint="ask the daemon"), Verdict.UNCHECKED,
      "answers cannot come from one server: /props changed between requests (...); ask the daemon"),
     (lambda: behind_a_balancer(UNPROVEN, SIGNS, hint="ask the daemon"), Verdict.UNCHECKED, "cannot come from one server"),

@@ -72,7 +72,8 @@ class CheckReport:
     api_key_sent: bool = False
     """Whether a key went with the requests: an `unauthorized` with none asks for one, with one says it was refused."""
     signs: list[str] = field(default_factory=list)
-    """Answers that cannot come from one server (a load balancer in front): any of them makes the verdict unchecked."""
+    """Answers that cannot come from one server (a load balancer in front): the verdict is then unchecked, unless a
+    canary saw fill-ins, which stay proof (see verdict.behind_a_balancer)."""
     gateway: bool = False
     """Only /v1/* could be reached (an OpenAI-compatible front end): judged from the /v1 endpoints alone."""
     unreachable: list[str] = field(default_factory=list)
