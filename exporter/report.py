@@ -1,12 +1,17 @@
-"""Verdicts as reports for machines and people: per model and per endpoint, from the state the runner recorded."""
+"""Verdicts as reports for machines and people: per model and per endpoint, from the state the runner recorded; and the
+/api/v1/verdicts document a daemon writes and a gate reads."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import Literal
+
+import pydantic
 
 from specwatch.probe.canary import Tally
 from specwatch.state import ModelState
-from specwatch.verdict import Verdict
+from specwatch.verdict import Freshness, Verdict
 
 
 @dataclass
@@ -77,3 +82,71 @@ def model_report(key: str, model: ModelState) -> ModelReport:
         report.endpoints = [endpoint_report(e.endpoint, e.tally, e.failure, reasons.get(e.endpoint))
                             for e in model.evidence().endpoints if e.tally is not None or e.failure is not None]
     return report
+
+
+VERDICTS_PATH = "/api/v1/verdicts"
+
+
+@dataclass(kw_only=True)
+class EndpointEntry(EndpointReport):
+    """One endpoint of a model in the verdicts document."""
+
+    age_seconds: float | None
+    """Since this endpoint's last successful canary; None without one."""
+
+
+@dataclass(kw_only=True)
+class ModelEntry(ModelReport):
+    """One model of a server in the verdicts document: its report, and how fresh the daemon holds it."""
+
+    verdict: Verdict
+    endpoints: list[EndpointEntry] = field(default_factory=list)
+    key: str
+    """The router's name for the model; "" for a server's only one."""
+    age_seconds: float | None
+    poll_age_seconds: float | None
+    max_age_seconds: float
+    max_poll_age_seconds: float
+    fresh: bool
+
+    def freshness(self) -> Freshness:
+        return Freshness(self.fresh, self.age_seconds, self.max_age_seconds, self.poll_age_seconds, self.max_poll_age_seconds)
+
+
+@dataclass(kw_only=True)
+class ServerEntry:
+    server: str
+    url: str
+    labels: dict[str, str]
+    router: bool
+    up: bool | None
+    """Whether the last poll succeeded; None before the first."""
+    models: list[ModelEntry]
+
+
+@dataclass(kw_only=True)
+class VerdictsDocument:
+    """What GET /api/v1/verdicts answers (`dataclasses.asdict` of it, keys in this order) and `check --exporter` reads."""
+
+    api: Literal["v1"] = "v1"
+    specwatch: str
+    generated_at: float
+    poll_interval_seconds: float
+    canary_interval_seconds: float
+    verdicts: list[str]
+    servers: list[ServerEntry]
+
+
+@functools.cache
+def _verdicts_reader() -> pydantic.TypeAdapter[VerdictsDocument]:
+    return pydantic.TypeAdapter(VerdictsDocument)
+
+
+def read_verdicts(document: object) -> VerdictsDocument:
+    """The document a daemon answered, checked; keys it does not know are ignored. ValueError says where it is wrong."""
+    try:
+        return _verdicts_reader().validate_python(document)
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None

@@ -15,7 +15,7 @@ from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure, Reason
 from specwatch.settings.schema import ServerConfig
 from specwatch.state import Change, Fleet, ModelState
-from specwatch.verdict import Verdict
+from specwatch.verdict import worth_another_pass
 
 T = TypeVar("T")
 
@@ -134,7 +134,7 @@ class Runner:
                 return
             state = self.fleet.get(server.name)
             model = state.models.get(key) if state is not None else None
-            if model is None or model.decision.verdict is not Verdict.UNPROVEN:
+            if model is None or not worth_another_pass(model.decision):
                 return
 
     async def _canary_pass(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint]) -> bool:

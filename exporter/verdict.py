@@ -1,4 +1,4 @@
-"""The one verdict on a server's logprobs (clean, fill_ins, unproven, unchecked), decided in one place for every consumer."""
+"""The one verdict on a server's logprobs (clean, fill_ins, unproven, unchecked), and every rule a gate applies to it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from specwatch.probe.canary import TABLE, Tally
+from specwatch.reasons import ProbeFailure, Reason
 
 
 class Verdict(StrEnum):
@@ -134,12 +135,128 @@ def decide(evidence: Evidence) -> Decision:
     return Decision(Verdict.CLEAN, "logprobs are real: every token carries its alternatives")
 
 
-NOTHING_LOADED = Decision(Verdict.UNCHECKED, "the router has no model loaded, and specwatch loads none")
-
-
 def worst(decisions: Iterable[tuple[str, Decision]]) -> tuple[str, Decision]:
     """The worst of several verdicts (models of a router, servers behind one address), with the name it belongs to."""
     named = list(decisions)
     if not named:
         raise ValueError("worst() of nothing: a selection that matched nothing has no verdict")
     return min(named, key=lambda pair: SEVERITY.index(pair[1].verdict))
+
+
+# ---- After decide(): every rule that turns decided verdicts into the one a gate answers (runner, check, ask) -------
+
+def worth_another_pass(decision: Decision) -> bool:
+    """Whether a full round canaries again: n-gram speculation drafts on a second pass, so an unproven model may be proven."""
+    return decision.verdict is Verdict.UNPROVEN
+
+
+NO_V1_ENDPOINT_ASKED = Decision(
+    Verdict.UNCHECKED, "only /v1/* answers here (an OpenAI-compatible front end?), and the endpoints asked for need "
+    "/completion: ask for v1_completion or chat")
+
+
+def load_failed(failure: ProbeFailure) -> Decision:
+    """`check --load` could not load the model asked for, so nothing was canaried."""
+    return Decision(Verdict.UNCHECKED, f"could not load the model: {failure}")
+
+
+NOTHING_LOADED = Decision(Verdict.UNCHECKED, "the router has no model loaded, and specwatch loads none")
+
+
+@dataclass(frozen=True)
+class RouterModel:
+    """One model of a router, as its verdict counts towards the router's."""
+
+    name: str
+    loaded: bool
+    decision: Decision
+
+
+def router_verdict(models: Sequence[RouterModel], *, one_asked: bool) -> Decision:
+    """A router's verdict: the model asked for, or else its worst loaded model's, since an eval may be sent to any."""
+    counted = [(m.name, m.decision) for m in models if one_asked or m.loaded]
+    if not counted:
+        return NOTHING_LOADED
+    name, decision = worst(counted)
+    if len(models) > 1:
+        verdicts = ", ".join(f"{m.name}: {m.decision.verdict.value}" for m in models)
+        decision = Decision(decision.verdict, f"{decision.summary} (model {name}; models: {verdicts})")
+    return decision
+
+
+def behind_a_balancer(decision: Decision, signs: Sequence[str], *, hint: str) -> Decision:
+    """Answers from more than one server (`signs`): fill-ins seen stay proof, anything else is unchecked (`hint`: what next)."""
+    if not signs:
+        return decision
+    said = "; ".join(signs)
+    if decision.verdict is Verdict.FILL_INS:
+        return Decision(Verdict.FILL_INS, f"{decision.summary}; answers cannot come from one server: {said}; a load "
+                        "balancer in front spreads requests over replicas, and at least one of them serves fill-ins an "
+                        "eval sent here may read (specwatch check --exporter URL says which)")
+    return Decision(Verdict.UNCHECKED, f"answers cannot come from one server: {said}; {hint}")
+
+
+def key_hint(decision: Decision, poll_failure: Reason | None, *, key_sent: bool, give: str) -> Decision:
+    """An unauthorised poll says whether a key went with it: refused, or missing and how to give one (`give`: the front
+    end's flags for a key)."""
+    if poll_failure is not Reason.UNAUTHORIZED:
+        return decision
+    hint = "the API key sent was refused" if key_sent else f"no API key was sent: give {give}"
+    return Decision(decision.verdict, f"{decision.summary}; {hint}")
+
+
+def through_a_front_end(decision: Decision) -> Decision:
+    """A front end that forwards only /v1/* hides speculation: the summary says the verdict rests on /v1 alone."""
+    return Decision(decision.verdict, f"{decision.summary} (through a front end that forwards only /v1/*: /props and "
+                    "/slots answer 404 there, so speculation cannot be seen; judged from the /v1 endpoints)")
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How recent the evidence is behind a verdict a daemon holds, and whether the daemon counts it fresh."""
+
+    fresh: bool
+    age: float | None
+    """Seconds since every endpoint was last confirmed by a successful canary; None until each has been."""
+    bound: float
+    """The most `age` may be (cadence.freshness_bound)."""
+    poll_age: float | None
+    """Seconds since the last good poll; None without one."""
+    poll_bound: float
+
+    @classmethod
+    def measured(cls, *, age: float | None, bound: float, poll_age: float | None, poll_bound: float) -> Freshness:
+        """The daemon's rule: fresh while its polls are recent and every endpoint was confirmed within the bound."""
+        fresh = not _poll_stale(poll_age, poll_bound) and age is not None and age <= bound
+        return cls(fresh, age, bound, poll_age, poll_bound)
+
+
+def _poll_stale(poll_age: float | None, poll_bound: float) -> bool:
+    return poll_age is None or poll_age > poll_bound
+
+
+def held(decision: Decision, freshness: Freshness) -> Decision:
+    """A verdict a daemon holds, as a gate may use it: a stale clean (or unproven) is unchecked; fill-ins stay proof."""
+    if freshness.fresh or decision.verdict is Verdict.FILL_INS:
+        return decision
+    if _poll_stale(freshness.poll_age, freshness.poll_bound):
+        why = "the exporter has no recent poll of it" if freshness.poll_age is None else (
+            f"the exporter's last good poll of it is {freshness.poll_age:.0f}s old (more than {freshness.poll_bound:.0f}s)")
+    elif freshness.age is None:
+        why = "not every endpoint has a successful canary yet"
+    else:
+        # Also where the daemon's rounded figures sit on the bound: it said stale, and it measured unrounded.
+        why = f"its canaries last confirmed it {freshness.age:.0f}s ago, more than its {freshness.bound:.0f}s bound"
+    return Decision(Verdict.UNCHECKED, f"stale: {why} (was {decision.verdict.value}: {decision.summary})")
+
+
+def selection_verdict(found: Sequence[tuple[str, Decision]], *, any_watched: bool, selection: str) -> Decision:
+    """What a gate selected from the daemons: the worst of it, named when several; unchecked when nothing matched."""
+    if not found:
+        if any_watched:
+            return NOTHING_LOADED
+        return Decision(Verdict.UNCHECKED, f"nothing the exporter(s) watch matches the selection ({selection})")
+    name, decision = worst(found)
+    if len(found) > 1:
+        decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {len(found)} selected)")
+    return decision

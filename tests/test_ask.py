@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from specwatch.daemon.web import WebApp
 from specwatch.gate.ask import Exporter, ask
 from specwatch.gate.options import PLUGIN
 from specwatch.probe.canary import Endpoint
+from specwatch.report import read_verdicts
 from tests.support.wire import FakeLlama, FakeRouter
 
 
@@ -117,6 +119,16 @@ async def test_the_api_document(fleet: Served) -> None:
     assert (model["verdict"], model["fresh"], model["key"]) == ("fill_ins", True, "")
     assert {e["endpoint"] for e in model["endpoints"]} == {e.value for e in Endpoint}
     assert all(e["age_seconds"] == 0 and e["fill_ins"] == 7 and e["tokens"] == 8 for e in model["endpoints"])
+    # The wire format, key by key in order: the daemon writes report.VerdictsDocument, and the gate reads it back whole.
+    assert list(document) == ["api", "specwatch", "generated_at", "poll_interval_seconds", "canary_interval_seconds",
+                              "verdicts", "servers"]
+    assert list(document["servers"][1]) == ["server", "url", "labels", "router", "up", "models"]
+    assert list(model) == ["model", "status", "verdict", "summary", "speculation_slots", "speculation_props", "build",
+                           "endpoints", "key", "age_seconds", "poll_age_seconds", "max_age_seconds", "max_poll_age_seconds",
+                           "fresh"]
+    assert list(model["endpoints"][0]) == ["endpoint", "tokens", "judged_tokens", "fill_ins", "fill_in_ratio", "mean_logprob",
+                                           "draft_n", "error", "reason", "age_seconds"]
+    assert json.loads(json.dumps(asdict(read_verdicts(document)))) == document
     bad = httpx.get(f"{fleet.url}/api/v1/verdicts", params={"label": "pool"})
     assert bad.status_code == 400 and "KEY=VALUE" in bad.text
     assert httpx.get(f"{fleet.url}/api/v1/verdicts", params={"colour": "red"}).status_code == 400
@@ -129,6 +141,48 @@ async def test_an_exporter_that_cannot_be_asked_is_unchecked(fleet: Served) -> N
     assert (down.verdict, down.exit_code) == ("unchecked", 2) and "cannot ask the exporter" in down.summary
     not_specwatch = await ask([Exporter(fleet.url + "/nope")], servers=[], labels=[], model=None, timeout=2)
     assert "not_found" in not_specwatch.summary and "not a specwatch exporter" in not_specwatch.summary
+
+
+@pytest.fixture
+async def one_clean(make_watcher, clock) -> dict:
+    """The document a daemon watching one clean server answers, as it comes off the wire."""
+    watcher = make_watcher({"eval-a": FakeLlama.plain(tokens=8)}, canary_tokens=8)
+    await watcher.poll("eval-a")
+    await watcher.canary("eval-a")
+    return json.loads(json.dumps(api.verdicts(watcher.fleet.snapshot(), watcher.settings, api.Selection(), clock())))
+
+
+def _answering(document: object) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200, json=document)))
+
+
+async def test_a_newer_daemons_extra_keys_are_read_past(one_clean: dict) -> None:
+    document = one_clean
+    document["shard"] = 2
+    document["servers"][0]["zone"] = "x"
+    document["servers"][0]["models"][0]["next_canary_seconds"] = 12.5
+    report = await ask([Exporter("http://specwatch:9824")], servers=[], labels=[], model=None, timeout=5,
+                       client=_answering(document))
+    assert (report.verdict, [m.server for m in report.models]) == ("clean", ["eval-a"])
+
+
+@pytest.mark.parametrize(("change", "where"), [
+    (lambda d: [d], "Input should be a dictionary"),
+    (lambda d: d | {"api": "v2"}, "(api: Input should be 'v1')"),
+    (lambda d: {k: v for k, v in d.items() if k != "servers"}, "(servers: Field required)"),
+    (lambda d: d | {"servers": {"eval-a": d["servers"][0]}}, "(servers: Input should be a valid list)"),
+    (lambda d: d["servers"][0]["models"][0].update(verdict="maybe") or d, "(servers.0.models.0.verdict: Input should be"),
+    (lambda d: d["servers"][0]["models"][0].pop("fresh") and d, "(servers.0.models.0.fresh: Field required)"),
+    (lambda d: d["servers"][0]["models"][0].update(max_age_seconds="soon") or d, "(servers.0.models.0.max_age_seconds: "),
+])
+async def test_a_document_that_is_not_v1_is_said_so(one_clean: dict, change, where: str) -> None:
+    document = change(one_clean)
+    report = await ask([Exporter("http://specwatch:9824")], servers=[], labels=[], model=None, timeout=5,
+                       client=_answering(document))
+    assert (report.verdict, report.exit_code, report.models) == ("unchecked", 2, [])
+    assert report.summary.startswith("http://specwatch:9824 answered /api/v1/verdicts with something that is not a v1 "
+                                     "verdicts document ("), report.summary
+    assert where in report.summary, report.summary
 
 
 async def test_basic_auth_on_the_exporter(make_watcher, clock, tmp_path: Path) -> None:

@@ -137,16 +137,35 @@ class Balancer:
         return replica(request)
 
 
-@pytest.mark.parametrize("per", ["request", "connection"])
-@pytest.mark.parametrize("first", [0, 1])
-async def test_a_balancer_in_front_of_a_plain_and_a_draft_server_is_never_clean(per: str, first: int) -> None:
+# Per request, the canaries reach both replicas; per connection, all of them reach the first one the check connects to.
+@pytest.mark.parametrize(("per", "first", "verdict"), [("request", 0, "fill_ins"), ("request", 1, "fill_ins"),
+                                                       ("connection", 0, "unchecked"), ("connection", 1, "fill_ins")])
+async def test_a_balancer_in_front_of_a_plain_and_a_draft_server_is_never_clean(per: str, first: int, verdict: str) -> None:
     plain, draft = FakeLlama.plain(), FakeLlama.draft()
     draft.media_marker = "<__media_other_process__>"
     balancer = Balancer(*((plain, draft) if first == 0 else (draft, plain)), per=per)
     report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=list(Endpoint), tokens=16, timeout=5,
                              connect=balancer.connect)
-    assert (report.verdict, report.exit_code) == ("unchecked", 2), report.summary
+    assert (report.verdict, report.exit_code) == (verdict, Verdict(verdict).exit_code), report.summary
     assert report.signs and "answers cannot come from one server" in report.summary and "--exporter" in report.summary
+    # Fill-ins in any answer are proof, whichever replica gave them: the verdict follows the table, not the signs.
+    assert any(e.fill_ins for e in report.endpoints) is (verdict == "fill_ins")
+    assert ("do not score" in report.summary) is (verdict == "fill_ins")
+
+
+async def test_fill_ins_on_some_endpoints_behind_a_balancer_are_proof_said_beside_the_sign() -> None:
+    """The table `check LB_URL` printed: fill-ins on some endpoints, clean answers on the rest, and a sign."""
+    plain, draft = FakeLlama.plain(), FakeLlama.draft()
+    draft.media_marker = "<__media_other_process__>"
+    report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=list(Endpoint), tokens=16, timeout=5,
+                             connect=Balancer(plain, draft, per="request").connect)
+    filled = [e.endpoint for e in report.endpoints if e.fill_ins]
+    assert 0 < len(filled) < len(Endpoint), filled
+    assert (report.verdict, report.exit_code) == ("fill_ins", 1)
+    head, _, beside = report.summary.partition("; answers cannot come from one server: ")
+    assert head.startswith("the server serves fill-in logprobs") and all(e in head for e in filled), report.summary
+    assert beside.startswith(report.signs[0]) and "at least one of them serves fill-ins" in beside
+    assert render_text(report).startswith("FILL_INS: the server serves fill-in logprobs")
 
 
 async def test_one_server_behind_a_balancer_shows_no_sign() -> None:
@@ -170,19 +189,20 @@ async def test_props_that_change_between_requests_are_a_sign(change: dict, sign:
     assert report.verdict == "unchecked" and any(s.startswith(sign) for s in report.signs), report.signs
 
 
-async def test_slots_off_while_a_canary_drafted_is_a_sign() -> None:
-    # /props and /slots from a plain replica, the canaries from a draft one that shares its marker.
-    plain, draft = FakeLlama.plain(), FakeLlama.draft()
-    served: list[str] = []
+@pytest.mark.parametrize(("canaried", "verdict"), [(FakeLlama.future_fixed(), "unchecked"), (FakeLlama.draft(), "fill_ins")])
+async def test_slots_off_while_a_canary_drafted_is_a_sign(canaried: FakeLlama, verdict: str) -> None:
+    # /props and /slots from a plain replica, the canaries from a speculating one that shares its marker: drafting with
+    # real logprobs proves nothing of the replica an eval reaches, fill-ins prove that one of them serves them.
+    plain = FakeLlama.plain()
 
     def route(request: httpx.Request) -> httpx.Response:
-        served.append(request.url.path)
-        return (draft if request.method == "POST" else plain)(request)
+        return (canaried if request.method == "POST" else plain)(request)
 
     report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=[Endpoint.CHAT], tokens=16, timeout=5,
                              connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(route)))
-    assert report.verdict == "unchecked"
+    assert report.verdict == verdict, report.summary
     assert report.signs == ["/slots says speculation is off, yet a canary drafted (timings.draft_n or fill-ins)"]
+    assert "answers cannot come from one server: /slots says speculation is off" in report.summary
 
 
 async def test_a_canary_answered_by_another_model_is_a_sign() -> None:
@@ -309,6 +329,12 @@ def test_check_through_a_round_robin_balancer_is_never_clean_in_ten_runs(real_pa
     assert all(code != 0 for code, _ in outcomes)
     # Mostly the signs say why: the replicas' /props differ (each process has its own media_marker).
     assert sum(bool(report["signs"]) for _, report in outcomes) >= 8, [r["signs"] for _, r in outcomes]
+    # Fill-ins that any canary met are proof, signs or not: fill_ins, exit 1, with the sign beside them.
+    proven = [(code, report) for code, report in outcomes if any(e["fill_ins"] for e in report["endpoints"])]
+    assert all((code, report["verdict"]) == (1, "fill_ins") for code, report in proven), verdicts
+    assert all("answers cannot come from one server" in report["summary"] for _, report in proven if report["signs"])
+    if per == "request":  # every run's canaries reach both replicas
+        assert len(proven) == len(outcomes), verdicts
 
 
 @pytest.mark.real

@@ -1,11 +1,35 @@
-"""The one verdict: decide()'s precedence as a table, and what builds that move in other ways get from it."""
+"""The one verdict: decide()'s precedence and the gates' rules after it as a table, and what builds that move in other ways
+get from it."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
 from specwatch.probe.canary import Tally
-from specwatch.verdict import NOTHING_LOADED, SEVERITY, Decision, EndpointEvidence, Evidence, Verdict, decide, worst
+from specwatch.reasons import ProbeFailure, Reason
+from specwatch.verdict import (
+    NO_V1_ENDPOINT_ASKED,
+    NOTHING_LOADED,
+    SEVERITY,
+    Decision,
+    EndpointEvidence,
+    Evidence,
+    Freshness,
+    RouterModel,
+    Verdict,
+    behind_a_balancer,
+    decide,
+    held,
+    key_hint,
+    load_failed,
+    router_verdict,
+    selection_verdict,
+    through_a_front_end,
+    worst,
+    worth_another_pass,
+)
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 
@@ -68,11 +92,87 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize(("evidence", "verdict", "phrase"), TABLE)
-def test_decide_by_precedence(evidence: Evidence, verdict: Verdict, phrase: str) -> None:
-    decision = decide(evidence)
+CLEAN = decide(Evidence(poll_failure=None, speculation_slots=False, endpoints=[ok(), ok("completion")]))
+UNPROVEN = decide(Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(), ok("completion")]))
+FILL_INS = decide(Evidence(poll_failure=None, endpoints=[ok(tally=FILLED), ok("completion")]))
+DOWN = decide(Evidence(poll_failure="unauthorized: HTTP 401 on /props"))
+SIGNS = ["/props changed between requests (...)"]
+FRESH = Freshness(True, age=10.0, bound=500.0, poll_age=5.0, poll_bound=45.0)
+
+
+def stale(age: float | None = 600.4, poll_age: float | None = 5.0) -> Freshness:
+    return Freshness(False, age=age, bound=500.0, poll_age=poll_age, poll_bound=45.0)
+
+
+def router(*models: tuple[str, bool, Decision], one_asked: bool = False) -> Callable[[], Decision]:
+    return lambda: router_verdict([RouterModel(*m) for m in models], one_asked=one_asked)
+
+
+# After decide(), the rules a gate applies, in the order check and check --exporter apply them. Each row: the rule
+# applied to decided verdicts, the verdict, and a phrase its summary must hold.
+RULES = [
+    # check through a front end that forwards only /v1/*, when none of the endpoints asked for is a /v1 one.
+    (lambda: NO_V1_ENDPOINT_ASKED, Verdict.UNCHECKED, "need /completion: ask for v1_completion or chat"),
+    (lambda: load_failed(ProbeFailure(Reason.TIMEOUT, "no answer within 5s")), Verdict.UNCHECKED,
+     "could not load the model: timeout: no answer within 5s"),
+    # A router: its worst loaded model, named with every model's verdict; the model asked for, loaded or not.
+    (router(("a", True, CLEAN), ("b", True, FILL_INS), ("c", False, DOWN)), Verdict.FILL_INS,
+     "(model b; models: a: clean, b: fill_ins, c: unchecked)"),
+    (router(("a", True, CLEAN), ("c", False, DOWN)), Verdict.CLEAN, "(model a; models: a: clean, c: unchecked)"),
+    (router(("c", False, DOWN), one_asked=True), Verdict.UNCHECKED, "could not poll"),
+    (router(("c", False, DOWN), ("d", False, CLEAN)), Verdict.UNCHECKED, "the router has no model loaded"),
+    # Signs of a load balancer: fill-ins seen stay proof, said beside the sign; nothing else is proven.
+    (lambda: behind_a_balancer(FILL_INS, SIGNS, hint="ask the daemon"), Verdict.FILL_INS,
+     "chat 7/7); do not score; answers cannot come from one server: /props changed between requests (...); a load "
+     "balancer in front spreads requests over replicas, and at least one of them serves fill-ins"),
+    (lambda: behind_a_balancer(CLEAN, SIGNS, hint="ask the daemon"), Verdict.UNCHECKED,
+     "answers cannot come from one server: /props changed between requests (...); ask the daemon"),
+    (lambda: behind_a_balancer(UNPROVEN, SIGNS, hint="ask the daemon"), Verdict.UNCHECKED, "cannot come from one server"),
+    (lambda: behind_a_balancer(CLEAN, [], hint="ask the daemon"), Verdict.CLEAN, "every token carries its alternatives"),
+    # An unauthorised poll says whether a key was sent.
+    (lambda: key_hint(DOWN, Reason.UNAUTHORIZED, key_sent=False, give="--api-key-file or --api-key-env"), Verdict.UNCHECKED,
+     "HTTP 401 on /props; no API key was sent: give --api-key-file or --api-key-env"),
+    (lambda: key_hint(DOWN, Reason.UNAUTHORIZED, key_sent=True, give="--api-key-file or --api-key-env"), Verdict.UNCHECKED, "/props; the API key sent was refused"),
+    (lambda: through_a_front_end(FILL_INS), Verdict.FILL_INS, "do not score (through a front end that forwards only /v1/*"),
+    # check --exporter: a verdict the daemon holds counts while fresh; a stale one is unchecked, save fill-ins.
+    (lambda: held(CLEAN, FRESH), Verdict.CLEAN, "every token carries its alternatives"),
+    (lambda: held(FILL_INS, stale(poll_age=None)), Verdict.FILL_INS, "do not score"),
+    (lambda: held(CLEAN, stale(poll_age=None)), Verdict.UNCHECKED, "stale: the exporter has no recent poll of it (was clean: "),
+    (lambda: held(UNPROVEN, stale(poll_age=46.2)), Verdict.UNCHECKED,
+     "stale: the exporter's last good poll of it is 46s old (more than 45s) (was unproven: /slots says"),
+    (lambda: held(CLEAN, stale(age=None)), Verdict.UNCHECKED, "stale: not every endpoint has a successful canary yet"),
+    (lambda: held(CLEAN, stale()), Verdict.UNCHECKED, "stale: its canaries last confirmed it 600s ago, more than its 500s bound"),
+    (lambda: selection_verdict([("a", CLEAN), ("b", UNPROVEN)], any_watched=True, selection="label=pool=eval"),
+     Verdict.UNPROVEN, "b: /slots says the server speculates, but no canary drafted (timings.draft_n), so its logprobs are "
+     "not proven real; do not score (worst of 2 selected)"),
+    (lambda: selection_verdict([("a", CLEAN)], any_watched=True, selection="x"), Verdict.CLEAN, "logprobs are real"),
+    (lambda: selection_verdict([], any_watched=True, selection="x"), Verdict.UNCHECKED, "the router has no model loaded"),
+    (lambda: selection_verdict([], any_watched=False, selection="server=a"), Verdict.UNCHECKED,
+     "nothing the exporter(s) watch matches the selection (server=a)"),
+]
+
+
+@pytest.mark.parametrize(("case", "verdict", "phrase"), TABLE + RULES)
+def test_decide_by_precedence(case: Evidence | Callable[[], Decision], verdict: Verdict, phrase: str) -> None:
+    decision = decide(case) if isinstance(case, Evidence) else case()
     assert decision.verdict is verdict
     assert phrase in decision.summary
+
+
+@pytest.mark.parametrize(("age", "poll_age", "fresh"), [
+    (500.0, 45.0, True),  # both on their bounds: still fresh
+    (500.001, 45.0, False), (500.0, 45.001, False), (None, 1.0, False), (1.0, None, False),
+])
+def test_the_daemons_freshness_and_the_gates_reason_agree(age: float | None, poll_age: float | None, fresh: bool) -> None:
+    freshness = Freshness.measured(age=age, bound=500.0, poll_age=poll_age, poll_bound=45.0)
+    assert freshness.fresh is fresh
+    assert (held(CLEAN, freshness) == CLEAN) is fresh
+    if not fresh:
+        assert held(CLEAN, freshness).summary.startswith("stale: ")
+
+
+def test_only_an_unproven_model_is_worth_another_pass() -> None:
+    assert [v for v in Verdict if worth_another_pass(Decision(v, ""))] == [Verdict.UNPROVEN]
 
 
 def test_the_table_reaches_every_verdict() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 from specwatch import __version__
 from specwatch.daemon.cadence import freshness_bound
 from specwatch.probe.llama import names_of
-from specwatch.report import model_report
+from specwatch.report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report
 from specwatch.settings.schema import Settings
 from specwatch.state import ModelState, ServerState
-from specwatch.verdict import Verdict
+from specwatch.verdict import Freshness, Verdict
 
 POLL_STALE_INTERVALS = 3
 """A model whose last good poll is older than this many poll_intervals is not being watched: its verdict is stale."""
@@ -58,7 +58,15 @@ def parse_selection(query: Mapping[str, Sequence[str]]) -> Selection:
     return Selection(frozenset(query.get("server", ())), tuple(labels), models[0] if models else None)
 
 
-def _model_entry(key: str, model: ModelState, state: ServerState, settings: Settings, now: float) -> dict[str, Any]:
+def _age(now: float, since: float | None) -> float | None:
+    return None if since is None else max(0.0, now - since)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
+def _model_entry(key: str, model: ModelState, state: ServerState, settings: Settings, now: float) -> ModelEntry:
     report = model_report(key, model)
     successes = [c.last_success_timestamp for c in model.canaries.values() if c.last_success_timestamp is not None]
     confirmed = min(successes) if len(successes) == len(model.endpoints) and successes else None
@@ -67,29 +75,25 @@ def _model_entry(key: str, model: ModelState, state: ServerState, settings: Sett
         timeout=settings.timeout_for(state.config, canary=True), tokens=settings.canary_tokens,
         tokens_speculating=settings.canary_tokens_speculating,
     )
-    polled = state.last_poll_success_timestamp
-    poll_age = None if polled is None else max(0.0, now - polled)
-    age = None if confirmed is None else max(0.0, now - confirmed)
-    stale_poll = poll_age is None or poll_age > POLL_STALE_INTERVALS * settings.poll_interval
-    fresh = not stale_poll and age is not None and age <= bound
-    entry = asdict(report)
-    for endpoint in entry["endpoints"]:
-        canary = next((c for e, c in model.canaries.items() if e.value == endpoint["endpoint"]), None)
-        endpoint["age_seconds"] = (None if canary is None or canary.last_success_timestamp is None
-                                   else round(max(0.0, now - canary.last_success_timestamp), 3))
-    entry.update(
+    freshness = Freshness.measured(age=_age(now, confirmed), bound=bound,
+                                   poll_age=_age(now, state.last_poll_success_timestamp),
+                                   poll_bound=POLL_STALE_INTERVALS * settings.poll_interval)
+    confirmed_at = {e.value: c.last_success_timestamp for e, c in model.canaries.items()}
+    endpoints = [EndpointEntry(**vars(e), age_seconds=_rounded(_age(now, confirmed_at.get(e.endpoint))))
+                 for e in report.endpoints]
+    return ModelEntry(
+        **(vars(report) | {"verdict": Verdict(report.verdict), "endpoints": endpoints}),
         key=key,
-        age_seconds=None if age is None else round(age, 3),
-        poll_age_seconds=None if poll_age is None else round(poll_age, 3),
+        age_seconds=_rounded(freshness.age),
+        poll_age_seconds=_rounded(freshness.poll_age),
         max_age_seconds=round(bound, 3),
-        max_poll_age_seconds=POLL_STALE_INTERVALS * settings.poll_interval,
-        fresh=fresh,
+        max_poll_age_seconds=freshness.poll_bound,
+        fresh=freshness.fresh,
     )
-    return entry
 
 
 def verdicts(states: Iterable[ServerState], settings: Settings, selection: Selection, now: float) -> dict[str, Any]:
-    """The document GET /api/v1/verdicts answers: every selected server with each of its selected models."""
+    """The document GET /api/v1/verdicts answers (a report.VerdictsDocument): each selected server and its selected models."""
     servers = []
     for state in states:
         if not selection.matches(state):
@@ -98,12 +102,9 @@ def verdicts(states: Iterable[ServerState], settings: Settings, selection: Selec
                   if selection.model_matches(key, model)]
         if not models:
             continue
-        servers.append({
-            "server": state.config.name, "url": state.config.url, "labels": dict(state.config.labels),
-            "router": bool(state.router), "up": state.poll_success, "models": models,
-        })
-    return {
-        "api": "v1", "specwatch": __version__, "generated_at": round(now, 3),
-        "poll_interval_seconds": settings.poll_interval, "canary_interval_seconds": settings.canary_interval,
-        "verdicts": [v.value for v in Verdict], "servers": servers,
-    }
+        servers.append(ServerEntry(server=state.config.name, url=state.config.url, labels=dict(state.config.labels),
+                                   router=bool(state.router), up=state.poll_success, models=models))
+    return asdict(VerdictsDocument(
+        specwatch=__version__, generated_at=round(now, 3), poll_interval_seconds=settings.poll_interval,
+        canary_interval_seconds=settings.canary_interval, verdicts=[v.value for v in Verdict], servers=servers,
+    ))

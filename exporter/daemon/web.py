@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from specwatch import __version__
+from specwatch.report import VERDICTS_PATH
 from specwatch.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 9824
 VERDICTS = tuple(v.value for v in Verdict)
-VERDICTS_PATH = "/api/v1/verdicts"
 HEALTHY_PATH = "/-/healthy"
 """Liveness: answered by the web thread as long as the process runs (the image's HEALTHCHECK and Kubernetes ask it)."""
 READY_PATH = "/-/ready"

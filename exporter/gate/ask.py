@@ -15,9 +15,9 @@ from specwatch.gate.options import CHECK, Spelling
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure
-from specwatch.verdict import NOTHING_LOADED, SEVERITY, Decision, Verdict, worst
+from specwatch.report import VERDICTS_PATH, EndpointEntry, VerdictsDocument, read_verdicts
+from specwatch.verdict import SEVERITY, Decision, Verdict, held, selection_verdict
 
-VERDICTS_PATH = "/api/v1/verdicts"
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
 
@@ -60,7 +60,7 @@ class ModelVerdict:
     max_age_seconds: float | None
     labels: dict[str, str] = field(default_factory=dict)
     exporter: str = ""
-    endpoints: list[dict[str, Any]] = field(default_factory=list)
+    endpoints: list[EndpointEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -89,7 +89,7 @@ def _query(servers: list[str], labels: list[tuple[str, str]], model: str | None)
     return f"?{urlencode(pairs)}" if pairs else ""
 
 
-async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float, spelling: Spelling) -> dict[str, Any]:
+async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: float, spelling: Spelling) -> VerdictsDocument:
     url = exporter.url.rstrip("/") + VERDICTS_PATH + query
     try:
         headers = exporter.headers()
@@ -107,42 +107,25 @@ async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: f
         }.get(failure.reason.value, "")
         message = f"cannot ask the exporter at {exporter.url}: {failure}"
         raise ExporterUnreachable(message + (f"; {hint}" if hint else "")) from None
-    if not isinstance(document, dict) or document.get("api") != "v1" or not isinstance(document.get("servers"), list):
-        raise ExporterUnreachable(f"{exporter.url} answered {VERDICTS_PATH} with something that is not a v1 verdicts document")
-    return document
+    try:
+        return read_verdicts(document)
+    except ValueError as err:
+        raise ExporterUnreachable(
+            f"{exporter.url} answered {VERDICTS_PATH} with something that is not a v1 verdicts document ({err})") from None
 
 
-def _effective(entry: dict[str, Any]) -> Decision:
-    """A model's verdict as a gate may use it: a stale clean (or unproven) is not clean, it is unchecked."""
-    verdict = Verdict(entry["verdict"])
-    if entry.get("fresh") or verdict is Verdict.FILL_INS:
-        return Decision(verdict, entry["summary"])
-    age, bound = entry.get("age_seconds"), entry.get("max_age_seconds")
-    poll_age, poll_bound = entry.get("poll_age_seconds"), entry.get("max_poll_age_seconds")
-    if poll_age is None or (poll_bound is not None and poll_age > poll_bound):
-        why = "the exporter has no recent poll of it" if poll_age is None else \
-            f"the exporter's last good poll of it is {poll_age:.0f}s old (more than {poll_bound:.0f}s)"
-    elif age is None:
-        why = "not every endpoint has a successful canary yet"
-    else:
-        why = f"its canaries last confirmed it {age:.0f}s ago, more than its {bound:.0f}s bound"
-    return Decision(Verdict.UNCHECKED, f"stale: {why} (was {verdict.value}: {entry['summary']})")
-
-
-def _candidates(document: dict[str, Any], exporter: str, model: str | None) -> list[ModelVerdict]:
+def _candidates(document: VerdictsDocument, exporter: str, model: str | None) -> list[ModelVerdict]:
     found = []
-    for server in document["servers"]:
-        router = bool(server.get("router"))
-        for entry in server.get("models", []):
+    for server in document.servers:
+        for entry in server.models:
             # As `specwatch check` on a router: without --model, the loaded models are what an eval can reach.
-            if router and model is None and entry.get("status") != "loaded":
+            if server.router and model is None and entry.status != "loaded":
                 continue
-            decision = _effective(entry)
+            decision = held(Decision(entry.verdict, entry.summary), entry.freshness())
             found.append(ModelVerdict(
-                server=server["server"], model=entry.get("key") or "", verdict=decision.verdict.value,
-                summary=decision.summary, fresh=bool(entry.get("fresh")), age_seconds=entry.get("age_seconds"),
-                max_age_seconds=entry.get("max_age_seconds"), labels=server.get("labels", {}), exporter=exporter,
-                endpoints=entry.get("endpoints", []),
+                server=server.server, model=entry.key, verdict=decision.verdict.value, summary=decision.summary,
+                fresh=entry.fresh, age_seconds=entry.age_seconds, max_age_seconds=entry.max_age_seconds,
+                labels=server.labels, exporter=exporter, endpoints=entry.endpoints,
             ))
     return found
 
@@ -183,20 +166,11 @@ async def ask(
         except (ExporterUnreachable, ssl.SSLError, OSError) as err:
             message = str(err) if isinstance(err, ExporterUnreachable) else f"cannot use the TLS files for {exporter.url}: {err}"
             return _decided(report, Decision(Verdict.UNCHECKED, message))
-        watched += len(document["servers"])
+        watched += len(document.servers)
         candidates += _candidates(document, exporter.url, model)
     report.models = sorted(_merged(candidates), key=lambda m: (SEVERITY.index(Verdict(m.verdict)), m.server, m.model))
-    if not report.models:
-        if watched:
-            return _decided(report, NOTHING_LOADED)
-        selected = _describe(report.selection)
-        return _decided(report, Decision(Verdict.UNCHECKED, f"nothing the exporter(s) watch matches the selection ({selected})"))
-    name, decision = worst((f"{m.server}" + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary))
-                           for m in report.models)
-    count = len(report.models)
-    if count > 1:
-        decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {count} selected)")
-    return _decided(report, decision)
+    found = [(m.server + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary)) for m in report.models]
+    return _decided(report, selection_verdict(found, any_watched=watched > 0, selection=_describe(report.selection)))
 
 
 def _describe(selection: dict[str, Any]) -> str:

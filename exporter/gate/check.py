@@ -19,7 +19,17 @@ from specwatch.report import EndpointReport, ModelReport, model_report
 from specwatch.runner import Runner, measure
 from specwatch.settings.schema import ServerConfig
 from specwatch.state import Fleet, ServerState
-from specwatch.verdict import NOTHING_LOADED, Decision, Verdict, worst
+from specwatch.verdict import (
+    NO_V1_ENDPOINT_ASKED,
+    Decision,
+    RouterModel,
+    Verdict,
+    behind_a_balancer,
+    key_hint,
+    load_failed,
+    router_verdict,
+    through_a_front_end,
+)
 
 CHECKED = "check"
 """The name of the one server a check watches, in its fleet of one."""
@@ -63,7 +73,8 @@ class CheckReport:
     api_key_sent: bool = False
     """Whether a key went with the requests: an `unauthorized` with none asks for one, with one says it was refused."""
     signs: list[str] = field(default_factory=list)
-    """Answers that cannot come from one server (a load balancer in front): any of them makes the verdict unchecked."""
+    """Answers that cannot come from one server (a load balancer in front): the verdict is then unchecked, unless a
+    canary saw fill-ins, which stay proof (see verdict.behind_a_balancer)."""
     gateway: bool = False
     """Only /v1/* could be reached (an OpenAI-compatible front end): judged from the /v1 endpoints alone."""
     unreachable: list[str] = field(default_factory=list)
@@ -99,9 +110,8 @@ async def run_check(
             # llama-server answers /props; a front end that forwards only /v1/* does not: judge through /v1.
             endpoints = [e for e in endpoints if TABLE[e].path.startswith("/v1/")]
             if not endpoints:
-                return _decided(CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES)), Decision(
-                    Verdict.UNCHECKED, "only /v1/* answers here (an OpenAI-compatible front end?), and the endpoints "
-                    "asked for need /completion: ask for v1_completion or chat"), spelling)
+                report = CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES))
+                return _decided(report, NO_V1_ENDPOINT_ASKED)
             runner = Runner(Fleet([server], endpoints), fetcher, policy)
             polled = await runner.poll_once_with(server, probes.gateway_poll)
         elif load and server.model and polled.result is not None and polled.result.router \
@@ -109,27 +119,25 @@ async def run_check(
             try:
                 await probes.load(fetcher, server, server.model, timeout=timeout)
             except ProbeFailure as failure:
-                return _decided(CheckReport(url=server.url), Decision(Verdict.UNCHECKED, f"could not load the model: {failure}"),
-                                spelling)
+                return _decided(CheckReport(url=server.url), load_failed(failure))
             polled = await runner.poll_once(server)
         for key, model in _state(runner).models.items():
             if model.poll is not None:
                 await runner.round(server, key, endpoints, full=True)
         one_server = not gateway and polled.result is not None and not polled.result.router
         again = await _polls_anew(server, policy, max_bytes, connect) if one_server else []
-    report = report_of(server, _state(runner), spelling)
-    if gateway:
-        report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
-        report.summary += (" (through a front end that forwards only /v1/*: /props and /slots answer 404 there, so "
-                           "speculation cannot be seen; judged from the /v1 endpoints)")
-    model = _state(runner).model()
+    state = _state(runner)
+    report, decision = report_of(server, state)
+    model = state.model()
     if again and model is not None and model.poll is not None:
         tallies = [c.tally for c in model.canaries.values() if c.tally is not None]
         report.signs = oneserver.signs(model.poll, again, model.model, tallies)
-        if report.signs:
-            why = f"answers cannot come from one server: {'; '.join(report.signs)}; {oneserver.HINT}"
-            return _decided(report, Decision(Verdict.UNCHECKED, why), spelling)
-    return report
+    decision = key_hint(behind_a_balancer(decision, report.signs, hint=oneserver.HINT), state.poll_failure_reason,
+                        key_sent=report.api_key_sent, give=spelling.say("{api_key_file} or {api_key_env}"))
+    if gateway:
+        report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
+        decision = through_a_front_end(decision)
+    return _decided(report, decision)
 
 
 GATEWAY_HIDES = ("/props", "/slots")
@@ -158,8 +166,9 @@ async def _polls_anew(
     return found
 
 
-def report_of(server: ServerConfig, state: ServerState, spelling: Spelling) -> CheckReport:
-    """The check's report from what the runner recorded: the server's one model, or every model of a router."""
+def report_of(server: ServerConfig, state: ServerState) -> tuple[CheckReport, Decision]:
+    """The check's report from what the runner recorded (the server's one model, or every model of a router), and the
+    verdict its model reached, before the gate's rules."""
     report = CheckReport(url=server.url, api_key_sent=server.api_key is not None,
                          reason=state.poll_failure_reason.value if state.poll_failure_reason else None)
     checked = [(model_report(key, model), model.decision) for key, model in state.models.items()]
@@ -168,25 +177,14 @@ def report_of(server: ServerConfig, state: ServerState, spelling: Spelling) -> C
         report.speculation_slots, report.speculation_props = only.speculation_slots, only.speculation_props
         report.build, report.endpoints = only.build, only.endpoints
         report.model = server.model or only.model or None
-        return _decided(report, decision, spelling)
+        return report, decision
     report.router, report.models, report.model = True, [m for m, _ in checked], server.model
-    # A router's verdict is its worst loaded model's: an eval may be sent to any of them.
-    counted = [(m.model, d) for m, d in checked if server.model or m.status == "loaded"]
-    if not counted:
-        return _decided(report, NOTHING_LOADED, spelling)
-    name, decision = worst(counted)
-    if len(checked) > 1:
-        verdicts = ", ".join(f"{m.model}: {m.verdict}" for m, _ in checked)
-        decision = Decision(decision.verdict, f"{decision.summary} (model {name}; models: {verdicts})")
-    return _decided(report, decision, spelling)
+    models = [RouterModel(m.model, m.status == "loaded", d) for m, d in checked]
+    return report, router_verdict(models, one_asked=bool(server.model))
 
 
-def _decided(report: CheckReport, decision: Decision, spelling: Spelling) -> CheckReport:
-    summary = decision.summary
-    if report.reason == Reason.UNAUTHORIZED.value:
-        summary += ("; the API key sent was refused" if report.api_key_sent
-                    else spelling.say("; no API key was sent: give {api_key_file} or {api_key_env}"))
-    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, summary
+def _decided(report: CheckReport, decision: Decision) -> CheckReport:
+    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
     return report
 
 
