@@ -595,7 +595,7 @@ def metrics_table(results: Results) -> list[str]:
 
 
 def readme_table(results: Results) -> list[str]:
-    """The README's "Fleet scale" table."""
+    """The "Fleet scale" table of docs/operating.md."""
     lines = ["| servers | CPU per request: poll / canary body / canary stream (48 tokens) / daemon mix | "
              "blackbox_exporter per probe | mix vs blackbox | CPU per watched server: daemon mix (blackbox_exporter "
              "probing every poll interval) | `/metrics` median (gzip) | series per server | bytes per server | RSS |",

@@ -1,4 +1,4 @@
-"""The package's architecture as the README states it: layers whose imports point down, one home for prometheus_client."""
+"""The package's architecture as docs/development.md states it: layers whose imports point down, one home for prometheus_client."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from tests.support import markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "exporter"
@@ -67,7 +69,7 @@ def test_every_module_has_a_layer() -> None:
             layer_of(module)
         except KeyError:
             unplaced.append(module)
-    assert unplaced == [], "place each module in LAYERS (and in the README's listing)"
+    assert unplaced == [], "place each module in LAYERS (and in the listing of docs/development.md)"
 
 
 def test_imports_point_down() -> None:
@@ -142,10 +144,9 @@ def test_no_runtime_module_is_over_450_lines(module: str) -> None:
     assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by job before adding to it"
 
 
-def _readme_listing() -> list[str]:
-    """The modules and packages the README's architecture block names, top to bottom."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("The package shows its architecture", 1)[1].split("```", 2)[1]
+def _listing() -> list[str]:
+    """The modules and packages docs/development.md's architecture block names, top to bottom."""
+    (block,) = markdown.blocks(markdown.section(markdown.DOCS / "development.md", "The package"), "")
     listed: list[str] = []
     folders: list[tuple[int, str]] = []  # (indent, dotted package) of the folders enclosing the current line
     for line in block.splitlines():
@@ -169,10 +170,10 @@ def _readme_listing() -> list[str]:
     return listed
 
 
-def test_the_readme_lists_the_package_as_it_is_layered() -> None:
-    """The README's listing names every module, and goes from the top layer down."""
-    listed, modules = _readme_listing(), _modules()
-    assert [m for m in listed if m not in modules] == [], "the README lists modules that do not exist"
-    assert sorted(set(modules) - set(listed) - {"specwatch"}) == [], "the README's listing misses modules"
+def test_the_docs_list_the_package_as_it_is_layered() -> None:
+    """docs/development.md's listing names every module, and goes from the top layer down."""
+    listed, modules = _listing(), _modules()
+    assert [m for m in listed if m not in modules] == [], "docs/development.md lists modules that do not exist"
+    assert sorted(set(modules) - set(listed) - {"specwatch"}) == [], "the listing of docs/development.md misses modules"
     placed = [(m, layer_of(m)) for m in listed]
     assert [layer for _, layer in placed] == sorted((layer for _, layer in placed), reverse=True), placed

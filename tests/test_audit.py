@@ -26,6 +26,7 @@ from specwatch.probe import probes
 from specwatch.probe.canary import TABLE, Endpoint, classify
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import ServerConfig
+from tests.support import markdown
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated
 from tests.support.wire import FakeLlama
@@ -401,9 +402,7 @@ def test_problems_are_listed_up_to_a_bound_and_counted_past_it(tmp_path: Path) -
 def test_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     result = audit(tmp_path, saved(FakeLlama.draft(tokens=16), Endpoint.CHAT), "--json")
     document = json.loads(result.stdout)
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## `specwatch audit`"):]
-    section = section[: section.index("\n## ", 5)]
+    section = markdown.section(markdown.DOCS / "gating.md", "`specwatch audit`: saved answers")
     assert set(document) == {"verdict", "exit_code", "summary", "files", "totals"}
     for key in [*document, *document["files"][0], *document["totals"], *document["files"][0]["problems"][0]]:
         assert f"`{key}`" in section, key

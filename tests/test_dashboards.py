@@ -14,10 +14,10 @@ import yaml
 from tests.support.chain import DASHBOARDS, dashboard_queries, dashboards, panels, substitute
 
 EXPECTED = {"specwatch-fleet.json": "specwatch-fleet", "specwatch-server.json": "specwatch-server"}
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
 # The Grafana release that has each thing the dashboards use, from Grafana's changelog: table cell options came in 9.4.0
 # (the cellOptions refactor, grafana#59363); the others are older, and where their exact release is not pinned down
-# the newest it can be is given. The README's minimum is the newest of them.
+# the newest it can be is given. The minimum docs/operating.md states is the newest of them.
 GRAFANA_SINCE = {
     "schemaVersion 36": (9, 0),
     "panel row": (5, 0), "panel stat": (7, 0), "panel table": (7, 0), "panel timeseries": (8, 0),
@@ -112,12 +112,12 @@ def grafana_features(board: dict) -> set[str]:
     return found
 
 
-def test_the_readme_names_the_oldest_grafana_that_has_everything_the_dashboards_use() -> None:
+def test_the_docs_name_the_oldest_grafana_that_has_everything_the_dashboards_use() -> None:
     used = set().union(*(grafana_features(board) for board in dashboards().values()))
     unknown = used - set(GRAFANA_SINCE)
     assert not unknown, f"add these to GRAFANA_SINCE with the Grafana release that brought them: {sorted(unknown)}"
     major, minor = max(GRAFANA_SINCE[feature] for feature in used)
-    assert re.search(rf"need Grafana {major}\.{minor} or later", README.read_text()), "the README states another minimum"
+    assert re.search(rf"need Grafana {major}\.{minor} or later", DOCS.read_text()), "docs/operating.md states another minimum"
 
 
 def test_the_grafana_check_sees_a_newer_feature() -> None:

@@ -1,4 +1,4 @@
-"""The container image: built from the Dockerfile on a Debian base, run hardened against real llama-servers."""
+"""The container image: built by docs/operating.md's recipe on a Debian base, run hardened against real llama-servers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 from specwatch.daemon.healthcheck import TIMEOUT
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
-from tests.support.docker import Container, Docker, base_image, build, daemon
+from tests.support.docker import Container, Docker, base_image, build, build_offline, daemon, recipe
 from tests.support.dockerfile import last, user
 from tests.support.metrics import find, scrape
 from tests.support.net import free_port
@@ -146,7 +146,7 @@ def test_the_exporter_runs_as_the_images_user_on_a_read_only_root(docker: Docker
     assert state["HostConfig"]["ReadonlyRootfs"] is True and not state["HostConfig"].get("Tmpfs")
     assert [(m["Destination"], m["RW"]) for m in state["Mounts"]] == [(CONFIG, False)]
     uid, gid = user()
-    assert (uid, gid) == (10001, 10001)  # as the README and deploy/kubernetes say
+    assert (uid, gid) == (10001, 10001)  # as docs/operating.md and deploy/kubernetes say
     # The exporter itself, PID 1 of the container, seen from the host: real, effective, saved and file system ids.
     status = Path(f"/proc/{state['State']['Pid']}/status").read_text()
     assert re.search(rf"^Uid:\t{uid}\t{uid}\t{uid}\t{uid}$", status, flags=re.M), status
@@ -236,8 +236,8 @@ def image_files(docker: Docker, image: str) -> list[str]:
 def test_the_image_holds_no_demo_compiler_tests_or_caches(docker: Docker, image: str) -> None:
     files = image_files(docker, image)
     added = set(files) - set(image_files(docker, base_image(docker)))  # what the Dockerfile put on its base
-    assert any(f.endswith("site-packages/exporter/daemon/healthcheck.py") for f in added), "the package is installed"
-    assert not [f for f in files if "exporter/demo" in f]
+    assert any(f.endswith("site-packages/specwatch/daemon/healthcheck.py") for f in added), "the package is installed"
+    assert not [f for f in files if "specwatch/demo" in f or "site-packages/exporter" in f]
     # A C compiler's drivers on the PATH, or its back end (cc1) where gcc keeps it.
     compilers = re.compile(r"^(usr/)?(local/)?s?bin/((\w+-)*(cc|c\+\+|gcc|g\+\+|clang)(-\d+)?|tcc)$|^usr/(lib|libexec)/gcc/.*/cc1$")
     assert not [f for f in files if compilers.search(f)]
@@ -253,6 +253,14 @@ def test_the_images_own_layers_stay_small(docker: Docker, image: str) -> None:
     size = int(docker("image", "inspect", "--format", "{{.Size}}", image).stdout)
     base = int(docker("image", "inspect", "--format", "{{.Size}}", base_image(docker)).stdout)
     assert size - base < 80e6, f"the image adds {(size - base) / 1e6:.1f} MB to its base"
+
+
+def test_a_build_that_reaches_no_package_index_fails_with_the_error_the_docs_explain(docker: Docker, image: str) -> None:
+    """docs/operating.md says what pip's error means; the same build with no network gives that error."""
+    result = build_offline(docker, REPO, base_image(docker))
+    said = result.stdout + result.stderr
+    assert result.returncode != 0, said
+    assert recipe().pip_error in said and "(from versions: none)" in said, said[-3000:]
 
 
 # --- stopping: last, it ends the exporter's container ---------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from specwatch.daemon.web import DEFAULT_PORT, HEALTHY_PATH, READY_PATH
-from tests.support import dockerfile
+from tests.support import dockerfile, markdown
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -231,11 +231,12 @@ def test_config_and_key_mounts_match_the_config_paths(built) -> None:
 
 
 def test_resource_requests_cover_the_benchmarks_memory(built) -> None:
-    """Sized from the README's fleet-scale benchmark for 1,000 servers per replica; a new benchmark may need new sizes."""
+    """Sized from the fleet-scale benchmark of docs/operating.md for 1,000 servers per replica; a new benchmark may need
+    new sizes."""
     resources = container(one(built["base"], "StatefulSet"))["resources"]
-    readme = (REPO / "README.md").read_text()
-    row = re.search(r"^\| 1,000 \|.*?\| (\d+) MB \|", readme, flags=re.M)
-    assert row, "the README's fleet-scale table has no row for 1,000 servers"
+    scale = markdown.section(markdown.DOCS / "operating.md", "Fleet scale")
+    row = re.search(r"^\| 1,000 \|.*?\| (\d+) MB \|", scale, flags=re.M)
+    assert row, "the fleet-scale table of docs/operating.md has no row for 1,000 servers"
     rss_mib = int(row.group(1)) * 1e6 / 2**20
     request, limit = (int(resources[key]["memory"].removesuffix("Mi")) for key in ("requests", "limits"))
     assert rss_mib <= request < limit and limit >= 2 * rss_mib
@@ -318,7 +319,7 @@ def test_the_generator_refuses_a_bad_config_like_the_rules_generator(tmp_path: P
 
 @pytest.mark.real
 def test_an_overlay_points_the_rules_at_a_teams_runbooks_and_job(tmp_path: Path) -> None:
-    """README's recipe: write the PrometheusRule with the team's flags and patch it over the base's."""
+    """docs/operating.md's recipe: write the PrometheusRule with the team's flags and patch it over the base's."""
     team_url, selector = "https://wiki.example.org/specwatch/runbooks", 'job="llm-watch", namespace="monitoring"'
     flags = ("--runbook-base-url", team_url, "--job-selector", selector)
     assert generate(*flags, "--out", str(tmp_path / "prometheusrule.yaml")).returncode == 0

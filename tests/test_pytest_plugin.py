@@ -18,6 +18,7 @@ import pytest
 
 from specwatch.gate.options import ASKING, CHECK, OPTIONS, PLUGIN, Mode, Option
 from specwatch.gate.pytest_plugin import EXIT_NOT_REAL, EXIT_UNCHECKED, Defaults, defaults_of
+from tests.support import markdown
 from tests.support.loopback import FaultServer
 from tests.support.net import refused_url
 from tests.support.process import ExporterProcess
@@ -225,17 +226,15 @@ def test_only_the_endpoints_asked_for_are_canaried(suite: pytest.Pytester, plain
     assert (plain.count("/completion"), plain.count("/v1/chat/completions")) == (before[0], before[1] + 1)
 
 
-def _readme_fixture_example() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Gate an eval where it runs", 1)[1].split("\n## ", 1)[0]
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "specwatch(" in b
-                  and "scope=\"module\"" in b]
+def _docs_fixture_example() -> str:
+    section = markdown.section(markdown.DOCS / "gating.md", "Gate an eval where it runs")
+    (example,) = [b for b in markdown.blocks(section, "python") if "specwatch(" in b and "scope=\"module\"" in b]
     return example
 
 
-def test_the_readme_fixture_example_fails_a_module_loudly_and_checks_each_server_once(pytester: pytest.Pytester) -> None:
-    """The README's module fixture, verbatim but for its URLs, in three modules; one of them scores against a draft server."""
-    example = _readme_fixture_example()
+def test_the_docs_fixture_example_fails_a_module_loudly_and_checks_each_server_once(pytester: pytest.Pytester) -> None:
+    """docs/gating.md's module fixture, verbatim but for its URLs, in three modules; one of them scores against a draft server."""
+    example = _docs_fixture_example()
     assert len([line for line in example.splitlines() if line.strip()]) <= 6, example
     judge_url, candidate_url = re.findall(r'"(http://[^"]+)"', example)
     with FaultServer(FakeLlama.plain(tokens=None)) as judge, FaultServer(FakeLlama.plain(tokens=None)) as candidate, \

@@ -1,4 +1,4 @@
-"""The README's "Gate an eval where it runs" recipes, read from the README and run in real promptfoo, DeepEval and inspect_ai.
+"""docs/gating.md's "Gate an eval where it runs" recipes, read from the page and run in real promptfoo, DeepEval and inspect_ai.
 
 Each runs against a real llama-server drafting with draft-simple (the recipe must stop the eval before it reaches the
 server) and a plain one (the eval runs and scores what the server answered). The tools come from their registries,
@@ -16,20 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import recipes
+from tests.support import markdown, recipes
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT = 600
 
 
 def recipe(title: str, language: str) -> list[str]:
-    """The code blocks in `language` of the README's recipe `title`, verbatim."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Gate an eval where it runs\n", 1)[1].split("\n## ", 1)[0]
-    part = section.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
-    return re.findall(rf"```{language}\n(.*?)```", part, flags=re.S)
+    """The code blocks in `language` of docs/gating.md's recipe `title`, verbatim."""
+    return markdown.blocks(markdown.section(markdown.DOCS / "gating.md", title), language)
 
 
 @pytest.fixture(scope="module")

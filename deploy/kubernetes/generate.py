@@ -4,7 +4,7 @@ The rules come from alerts/generate.py with the same flags (job selector, replic
 PrometheusRule holds exactly what alerts/specwatch.rules.yml would for that config: its `groups:` block, comments
 included, under `spec:`. Run `python deploy/kubernetes/generate.py` after changing the rules; `--check` exits 1 when the
 file at --out is out of date. For your own runbooks, write one with `--runbook-base-url URL --out FILE` and patch it over
-the base's in your overlay (README, Kubernetes).
+the base's in your overlay (docs/operating.md, Kubernetes).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from specwatch.demo.llamaserver import free_port
+from tests.support import markdown
 from tests.support.process import Process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,16 +126,8 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-def github_anchor(heading: str) -> str:
-    """The fragment GitHub gives a Markdown heading."""
-    slug = heading.strip().lower()
-    slug = re.sub(r"[^\w\- ]", "", slug)
-    return slug.replace(" ", "-")
-
-
 def runbook_anchors(path: Path = RUNBOOKS) -> set[str]:
-    headings = re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    return {github_anchor(h) for h in headings}
+    return markdown.anchors(path.read_text(encoding="utf-8"))
 
 
 def http_ok(url: str) -> bool:

@@ -7,6 +7,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -14,21 +16,47 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support import markdown
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specwatch-tests" / "docker"
 """The daemon started here keeps its images (the base above all) under this directory from one run to the next."""
 INSTALL_HINT = "install Debian's docker.io and mmdebstrap: apt-get install -y docker.io mmdebstrap"
 SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
-# A Debian base with python3 and its venv module, from Debian's packages: no image registry is needed. The host's CA
-# bundle goes in so that pip inside `docker build` trusts the package index as the host does.
-BASE_COMMAND = (
-    "mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-    "--customize-hook=copy-in /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/", "bookworm", "{tarball}", str(SOURCES),
-)
-# Without the iptables rules and the bridge, which these machines cannot have: containers use --network host.
-DAEMON_FLAGS = ("--iptables=false", "--ip-masq=false", "--bridge=none")
+"""The Debian mirrors the recipe's mmdebstrap reads: the host's own."""
+RECIPE = markdown.DOCS / "operating.md"
+RECIPE_HEADING = "On a host with no registry"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """docs/operating.md's image recipe for a host with no registry (and no bridge network), as a user runs it."""
+
+    base: tuple[str, ...]
+    """The shell lines that make the Debian base from Debian's packages and import it, verbatim."""
+    base_name: str
+    """The name `docker import` gives the base."""
+    build: tuple[str, ...]
+    """The words of its `docker build` command."""
+    daemon_flags: tuple[str, ...]
+    """The flags of its `dockerd`, for a host that cannot have Docker's bridge."""
+    pip_error: str
+    """The error pip gives in a build that reaches no package index, as the page quotes it."""
+
+
+def recipe() -> Recipe:
+    text = markdown.section(RECIPE, RECIPE_HEADING)
+    image, daemon_block = (block.strip().splitlines() for block in markdown.blocks(text, "sh"))
+    base = tuple(line for line in image if not line.startswith("docker build "))
+    [build] = [shlex.split(line) for line in image if line.startswith("docker build ")]
+    [imported] = [shlex.split(line) for line in base if line.startswith("docker import ")]
+    [dockerd] = [shlex.split(line) for line in daemon_block]
+    assert dockerd[0] == "dockerd", dockerd
+    [pip_error] = re.findall(r"^\*\*`([^`]+)`\.\*\*", text, flags=re.M)
+    return Recipe(base, imported[-1], tuple(build), tuple(dockerd[1:]), pip_error)
 
 
 def _missing_tools() -> list[str]:
@@ -95,7 +123,7 @@ def daemon(startup_timeout: float = 90) -> Iterator[Docker]:
             log = (run / "dockerd.log").open("ab")
             # Its own socket, state and pid file: nothing of a system daemon (/var/run/docker*) is touched.
             process = subprocess.Popen(
-                ["dockerd", *DAEMON_FLAGS, "--host", docker.host, "--data-root", str(CACHE / "data"),
+                ["dockerd", *recipe().daemon_flags, "--host", docker.host, "--data-root", str(CACHE / "data"),
                  "--exec-root", str(run / "exec"), "--pidfile", str(run / "dockerd.pid")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -119,35 +147,56 @@ def daemon(startup_timeout: float = 90) -> Iterator[Docker]:
 
 
 def base_image(docker: Docker) -> str:
-    """A Debian bookworm image with python3 and venv, made once by mmdebstrap and kept under a name keyed by how."""
-    recipe = json.dumps([BASE_COMMAND, SOURCES.read_text() if SOURCES.is_file() else None])
-    name = f"specwatch-test-base:{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    """The recipe's Debian base, made once by its own commands and kept under a name keyed by them."""
+    how = recipe()
+    key = json.dumps([how.base, SOURCES.read_text() if SOURCES.is_file() else None])
+    name = f"specwatch-test-base:{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if docker("image", "inspect", name, check=False).returncode == 0:
         return name
-    assert SOURCES.is_file(), f"mmdebstrap reads the Debian mirrors from {SOURCES}, which this machine lacks"
+    assert SOURCES.is_file(), f"the recipe's mmdebstrap reads the Debian mirrors from {SOURCES}, which this machine lacks"
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE) as work:
-        tarball = Path(work) / "base.tar"
-        command = [arg.replace("{tarball}", str(tarball)) for arg in BASE_COMMAND]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
-        assert result.returncode == 0, f"mmdebstrap exited {result.returncode}:\n{result.stderr[-3000:]}"
-        docker("import", str(tarball), name, timeout=600)
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(how.base)], cwd=work, env=docker.env,
+                                capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, f"the base recipe exited {result.returncode}:\n{result.stderr[-3000:]}"
+    docker("tag", how.base_name, name)
+    docker("image", "rm", how.base_name)  # the recipe's own name goes; the image stays under the keyed one
     return name
 
 
+def _build_command(base: str, *, tag: str | None, network: str | None = None) -> list[str]:
+    """The recipe's `docker build` words after `docker`, on `base`, tagged `tag` (or not), on `network` if given."""
+    how = recipe()
+    words = list(how.build)
+    assert words[:2] == ["docker", "build"] and words[-1] == ".", words
+    assert f"BASE_IMAGE={how.base_name}" in words, "the recipe builds on another base than the one it imports"
+    words = [f"BASE_IMAGE={base}" if w == f"BASE_IMAGE={how.base_name}" else w for w in words[1:-1]]
+    if "-t" in words:
+        del words[words.index("-t"):words.index("-t") + 2]
+    if network is not None:
+        words[words.index("--network") + 1] = network
+    return [*words, *(["-t", tag] if tag else [])]
+
+
 def build(docker: Docker, context: Path, base: str) -> str:
-    """Build the repository's Dockerfile on `base`; the image's ID. One tag per checkout, its previous image removed."""
+    """Build the repository's Dockerfile as the recipe does, on `base`; the image's ID. One tag per checkout, its
+    previous image removed."""
     tag = f"specwatch-test:{hashlib.sha256(str(context.resolve()).encode()).hexdigest()[:12]}"
     previous = docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).stdout.strip()
     with tempfile.TemporaryDirectory() as work:
         iid = Path(work) / "iid"
-        # --network host: RUN steps reach the package index through the host (there is no bridge here).
-        docker("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}", "--iidfile", str(iid), "--tag", tag,
-               str(context), timeout=900)
+        docker(*_build_command(base, tag=tag), "--iidfile", str(iid), str(context), timeout=900)
         image = iid.read_text().strip()
     if previous and previous != image:
         docker("image", "rm", previous, check=False)  # still in use by a container of another run: it stays
     return image
+
+
+def build_offline(docker: Docker, context: Path, base: str) -> subprocess.CompletedProcess[str]:
+    """The recipe's build with no network at all (`--network none`), as on a bridgeless host without `--network host`;
+    from scratch, since the cached layers would need no network."""
+    return docker(*_build_command(base, tag=None, network="none"), "--no-cache", "--force-rm", str(context), timeout=600,
+                  check=False)
 
 
 class Container:

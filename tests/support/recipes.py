@@ -80,17 +80,23 @@ def npm_tool(home: Path, package: str) -> Path:
     return _made_once(home, make) / "node_modules" / ".bin"
 
 
-def specwatch_install(target: Path) -> Path:
-    """This checkout built as a wheel and installed into `target` (for PYTHONPATH): its code, and its entry points."""
-    source = target.parent / "source"
+def specwatch_wheel(work: Path) -> Path:
+    """This checkout built as a wheel under `work`, from a copy: the build leaves no egg-info in the checkout, where
+    pytest would find its entry points."""
+    source = work / "source"
     shutil.copytree(ROOT / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
-    wheels = target.parent / "wheels"
-    # A copy, so that the build leaves no egg-info in the checkout: pytest would find its entry points there.
+    wheels = work / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "-w", wheels, source],
          "building the specwatch wheel")
     (wheel,) = wheels.glob("specwatch-*.whl")
+    return wheel
+
+
+def specwatch_install(target: Path) -> Path:
+    """This checkout built as a wheel and installed into `target` (for PYTHONPATH): its code, and its entry points."""
+    wheel = specwatch_wheel(target.parent)
     _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", "--target", target, wheel],
          "installing the specwatch wheel")
     return target
