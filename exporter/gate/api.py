@@ -1,0 +1,115 @@
+"""The gate in Python: check a server, or ask a running specwatch, as `specwatch check` does, in the caller's process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import os
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from specwatch.gate.ask import AskReport, Exporter
+from specwatch.gate.ask import ask as ask_exporters
+from specwatch.gate.check import CheckReport, run_check
+from specwatch.gate.options import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_TOKENS,
+    check_server,
+    duration_argument,
+    exporter_flags_problem,
+    label_argument,
+    tokens_argument,
+)
+from specwatch.probe.canary import Endpoint
+
+__all__ = ["aask", "acheck", "ask", "check"]
+
+T = TypeVar("T")
+PathLike = str | os.PathLike[str]
+
+
+def check(
+    url: str, *, api_key_file: PathLike | None = None, api_key_env: str | None = None, model: str | None = None,
+    endpoints: Iterable[str] | None = None, tokens: int = DEFAULT_TOKENS, timeout: float | str = DEFAULT_TIMEOUT,
+    load: bool = False,
+) -> CheckReport:
+    """`specwatch check URL`: the report `--json` prints (`.as_json()`), from plain code or inside a running event loop."""
+    return _run(acheck(url, api_key_file=api_key_file, api_key_env=api_key_env, model=model, endpoints=endpoints,
+                       tokens=tokens, timeout=timeout, load=load))
+
+
+async def acheck(
+    url: str, *, api_key_file: PathLike | None = None, api_key_env: str | None = None, model: str | None = None,
+    endpoints: Iterable[str] | None = None, tokens: int = DEFAULT_TOKENS, timeout: float | str = DEFAULT_TIMEOUT,
+    load: bool = False,
+) -> CheckReport:
+    """`check` for a harness that already runs an event loop."""
+    server = check_server(url, api_key_file=Path(api_key_file) if api_key_file is not None else None,
+                          api_key_env=api_key_env, model=model)
+    return await run_check(server, endpoints=_endpoints(endpoints), tokens=_argument(tokens_argument, tokens),
+                           timeout=_argument(duration_argument, timeout), load=load)
+
+
+def ask(
+    exporter_url: str | Iterable[str], *, labels: Mapping[str, str] | None = None, servers: Iterable[str] = (),
+    model: str | None = None, username: str | None = None, password_file: PathLike | None = None,
+    ca_file: PathLike | None = None, cert_file: PathLike | None = None, key_file: PathLike | None = None,
+    timeout: float | str = DEFAULT_TIMEOUT,
+) -> AskReport:
+    """`specwatch check --exporter URL...` (one URL or several): the verdicts daemons hold for the selection, no canary."""
+    return _run(aask(exporter_url, labels=labels, servers=servers, model=model, username=username,
+                     password_file=password_file, ca_file=ca_file, cert_file=cert_file, key_file=key_file, timeout=timeout))
+
+
+async def aask(
+    exporter_url: str | Iterable[str], *, labels: Mapping[str, str] | None = None, servers: Iterable[str] = (),
+    model: str | None = None, username: str | None = None, password_file: PathLike | None = None,
+    ca_file: PathLike | None = None, cert_file: PathLike | None = None, key_file: PathLike | None = None,
+    timeout: float | str = DEFAULT_TIMEOUT,
+) -> AskReport:
+    """`ask` for a harness that already runs an event loop."""
+    urls = _texts(exporter_url)
+    if not urls:
+        raise ValueError("give the URL of at least one specwatch daemon, e.g. 'http://specwatch:9824'")
+    problem = exporter_flags_problem(key_file=key_file, cert_file=cert_file, password_file=password_file, username=username)
+    if problem is not None:
+        raise ValueError(problem)
+    selected = [_argument(label_argument, f"{key}={value}") for key, value in (labels or {}).items()]
+    files = [Path(f) if f is not None else None for f in (password_file, ca_file, cert_file, key_file)]
+    exporters = [Exporter(url, username, *files) for url in urls]
+    return await ask_exporters(exporters, servers=_texts(servers), labels=selected, model=model,
+                               timeout=_argument(duration_argument, timeout))
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a check to its end from plain code, or from code inside a running event loop (in a thread of its own)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specwatch") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _argument(parse: Callable[[str], T], value: object) -> T:
+    """`check`'s parser of a flag on a value given in Python: its refusal, word for word, as a ValueError."""
+    try:
+        return parse(value if isinstance(value, str) else str(value))
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(str(err)) from None
+
+
+def _texts(value: str | Iterable[str]) -> list[str]:
+    """One name or several: a lone string is one, not its characters."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _endpoints(names: str | Iterable[str] | None) -> list[Endpoint]:
+    """The endpoints asked for by name, every one when none is."""
+    wanted = _texts(names) if names is not None else []
+    unknown = [name for name in wanted if name not in set(Endpoint)]
+    if unknown:
+        raise ValueError(f"unknown endpoint {', '.join(map(str, unknown))}; choose from {', '.join(e.value for e in Endpoint)}")
+    return [Endpoint(name) for name in wanted] or list(Endpoint)
