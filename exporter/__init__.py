@@ -1,13 +1,12 @@
 """specwatch: catch llama-server fleets that serve fill-in logprobs under speculative decoding."""
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
+# Imported under private names, as every name here that is not in __all__: the package's namespace is its API.
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.3.0"
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from specwatch.gate.api import aask, acheck, ask, check
     from specwatch.gate.ask import AskReport, ModelVerdict
     from specwatch.gate.check import CheckReport
@@ -46,13 +45,13 @@ _HOMES = {
 }
 
 # Hidden from type checkers, which read the imports above: to them a misspelt name is an error, not Any.
-if not TYPE_CHECKING:
+if not _typing.TYPE_CHECKING:
 
     def __getattr__(name: str) -> object:
         home = _HOMES.get(name)
         if home is None:
             raise AttributeError(f"module 'specwatch' has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
+        value = getattr(_importlib.import_module(home), name)
         globals()[name] = value
         return value
 

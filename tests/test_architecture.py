@@ -52,7 +52,10 @@ def _imports(path: Path) -> set[str]:
 
 
 def _type_checking(node: ast.stmt) -> bool:
-    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    """`if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:` (by any name of the module)."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def layer_of(module: str) -> int:
