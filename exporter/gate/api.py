@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import os
 from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from specwatch.gate.options import (
     tokens_argument,
 )
 from specwatch.probe.canary import Endpoint
+from specwatch.settings.schema import ServerConfig
 
 __all__ = ["aask", "acheck", "ask", "check"]
 
@@ -36,8 +38,7 @@ def check(
     load: bool = False,
 ) -> CheckReport:
     """`specwatch check URL`: the report `--json` prints (`.as_json()`), from plain code or inside a running event loop."""
-    return _run(acheck(url, api_key_file=api_key_file, api_key_env=api_key_env, model=model, endpoints=endpoints,
-                       tokens=tokens, timeout=timeout, load=load))
+    return _run(_Check.of(url, api_key_file, api_key_env, model, endpoints, tokens, timeout, load).run())
 
 
 async def acheck(
@@ -46,10 +47,7 @@ async def acheck(
     load: bool = False,
 ) -> CheckReport:
     """`check` for a harness that already runs an event loop."""
-    server = check_server(url, api_key_file=Path(api_key_file) if api_key_file is not None else None,
-                          api_key_env=api_key_env, model=model)
-    return await run_check(server, endpoints=_endpoints(endpoints), tokens=_argument(tokens_argument, tokens),
-                           timeout=_argument(duration_argument, timeout), load=load)
+    return await _Check.of(url, api_key_file, api_key_env, model, endpoints, tokens, timeout, load).run()
 
 
 def ask(
@@ -59,8 +57,8 @@ def ask(
     timeout: float | str = DEFAULT_TIMEOUT,
 ) -> AskReport:
     """`specwatch check --exporter URL...` (one URL or several): the verdicts daemons hold for the selection, no canary."""
-    return _run(aask(exporter_url, labels=labels, servers=servers, model=model, username=username,
-                     password_file=password_file, ca_file=ca_file, cert_file=cert_file, key_file=key_file, timeout=timeout))
+    return _run(_Ask.of(exporter_url, labels, servers, model, username, (password_file, ca_file, cert_file, key_file),
+                        timeout).run())
 
 
 async def aask(
@@ -70,17 +68,60 @@ async def aask(
     timeout: float | str = DEFAULT_TIMEOUT,
 ) -> AskReport:
     """`ask` for a harness that already runs an event loop."""
-    urls = _texts(exporter_url)
-    if not urls:
-        raise ValueError("give the URL of at least one specwatch daemon, e.g. 'http://specwatch:9824'")
-    problem = exporter_flags_problem(key_file=key_file, cert_file=cert_file, password_file=password_file, username=username)
-    if problem is not None:
-        raise ValueError(problem)
-    selected = [_argument(label_argument, f"{key}={value}") for key, value in (labels or {}).items()]
-    files = [Path(f) if f is not None else None for f in (password_file, ca_file, cert_file, key_file)]
-    exporters = [Exporter(url, username, *files) for url in urls]
-    return await ask_exporters(exporters, servers=_texts(servers), labels=selected, model=model,
-                               timeout=_argument(duration_argument, timeout))
+    return await _Ask.of(exporter_url, labels, servers, model, username, (password_file, ca_file, cert_file, key_file),
+                         timeout).run()
+
+
+@dataclass(frozen=True)
+class _Check:
+    """A check's arguments as `specwatch check` takes them, refused (before anything is sent) as it refuses them."""
+
+    server: ServerConfig
+    endpoints: list[Endpoint]
+    tokens: int
+    timeout: float
+    load: bool
+
+    @classmethod
+    def of(cls, url: str, api_key_file: PathLike | None, api_key_env: str | None, model: str | None,
+           endpoints: str | Iterable[str] | None, tokens: int, timeout: float | str, load: bool) -> _Check:
+        server = check_server(url, api_key_file=Path(api_key_file) if api_key_file is not None else None,
+                              api_key_env=api_key_env, model=model)
+        return cls(server, _endpoints(endpoints), _argument(tokens_argument, tokens), _argument(duration_argument, timeout),
+                   load)
+
+    def run(self) -> Coroutine[Any, Any, CheckReport]:
+        return run_check(self.server, endpoints=self.endpoints, tokens=self.tokens, timeout=self.timeout, load=self.load)
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What `check --exporter` asks, refused (before anything is sent) as `check` refuses it."""
+
+    exporters: list[Exporter]
+    servers: list[str]
+    labels: list[tuple[str, str]]
+    model: str | None
+    timeout: float
+
+    @classmethod
+    def of(cls, urls: str | Iterable[str], labels: Mapping[str, str] | None, servers: str | Iterable[str],
+           model: str | None, username: str | None, files: tuple[PathLike | None, ...], timeout: float | str) -> _Ask:
+        exporters = _texts(urls)
+        if not exporters:
+            raise ValueError("give the URL of at least one specwatch daemon, e.g. 'http://specwatch:9824'")
+        password_file, ca_file, cert_file, key_file = (Path(f) if f is not None else None for f in files)
+        problem = exporter_flags_problem(key_file=key_file, cert_file=cert_file, password_file=password_file,
+                                         username=username)
+        if problem is not None:
+            raise ValueError(problem)
+        selected = [_argument(label_argument, f"{key}={value}") for key, value in (labels or {}).items()]
+        return cls([Exporter(url, username, password_file, ca_file, cert_file, key_file) for url in exporters],
+                   _texts(servers), selected, model, _argument(duration_argument, timeout))
+
+    def run(self) -> Coroutine[Any, Any, AskReport]:
+        return ask_exporters(self.exporters, servers=self.servers, labels=self.labels, model=self.model,
+                             timeout=self.timeout)
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
