@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
+import os
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +22,7 @@ import pytest
 
 from specwatch.cli import main
 from tests.support.loopback import FaultServer
+from tests.support.pages import blocks_by_section
 from tests.support.process import ExporterProcess
 from tests.support.verdicts import serving
 from tests.support.waiting import wait_until
@@ -59,14 +60,7 @@ REFUSED = [
 
 
 def examples() -> dict[str, list[str]]:
-    """The python blocks of docs/api.md, verbatim, by the title of their section."""
-    found = {}
-    for section in re.split(r"^## ", DOC.read_text(), flags=re.M)[1:]:
-        title, body = section.split("\n", 1)
-        blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
-        if blocks:
-            found[title.strip()] = blocks
-    return found
+    return blocks_by_section(DOC, "python")
 
 
 def test_every_example_on_the_page_is_run_here() -> None:
@@ -164,7 +158,7 @@ def real_worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_example_as_a_script_on_real_servers(real_worlds: dict[str, dict[str, str]], world: str) -> None:
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("LLAMA_URL", "SPECWATCH_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_URL", "SPECWATCH_URL")}
     for title, blocks in examples().items():
         for index, block in enumerate(blocks):
             result = subprocess.run([sys.executable, "-c", block], env={**env, **real_worlds[world]}, cwd=ROOT,
