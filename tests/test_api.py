@@ -19,7 +19,6 @@ import pytest
 
 import specwatch
 from specwatch.cli import main
-from specwatch.gate.pytest_plugin import GateError, defaults_of
 from tests.support.loopback import FaultServer
 from tests.support.pages import blocks_by_section
 from tests.support.verdicts import serving
@@ -99,6 +98,7 @@ REFUSALS = [
     ("check", "http://h:8080", {"timeout": 0.01}, ["--timeout", "0.01"]),
     ("check", "http://h:8080", {"timeout": -1}, ["--timeout", "-1"]),
     ("check", "http://h:8080", {"api_key_file": "/nonexistent/key"}, ["--api-key-file", "/nonexistent/key"]),
+    ("check", "http://h:8080", {"endpoints": ["chat", "vision"]}, ["--endpoint", "chat", "--endpoint", "vision"]),
     ("ask", "http://e:9824", {"labels": {"": "eval"}}, ["--label", "=eval"]),
     ("ask", "http://e:9824", {"key_file": "k.pem"}, ["--exporter-key-file", "k.pem"]),
     ("ask", "http://e:9824", {"password_file": "pw"}, ["--exporter-password-file", "pw"]),
@@ -113,14 +113,6 @@ def test_a_refusal_is_a_value_error_in_checks_words(function: str, url: str, kwa
     args = ["check", url, *flags] if function == "check" else ["check", "--exporter", url, *flags]
     code, _, said = cli(*args)
     assert code == 64 and str(refused.value) in said, (str(refused.value), said)
-
-
-def test_an_unknown_endpoint_is_refused_as_the_plugin_refuses_it() -> None:
-    with pytest.raises(ValueError) as refused:
-        specwatch.check("http://h:8080", endpoints=["chat", "vision"])
-    with pytest.raises(GateError) as plugin:
-        defaults_of({"specwatch_endpoint": ["chat", "vision"]})
-    assert str(refused.value) == str(plugin.value)
 
 
 def test_ask_needs_an_exporter() -> None:

@@ -15,10 +15,12 @@ from specwatch.gate.ask import AskReport, Exporter
 from specwatch.gate.ask import ask as ask_exporters
 from specwatch.gate.check import CheckReport, run_check
 from specwatch.gate.options import (
+    CHECK,
     DEFAULT_TIMEOUT,
     DEFAULT_TOKENS,
     check_server,
     duration_argument,
+    endpoint_argument,
     exporter_flags_problem,
     label_argument,
     tokens_argument,
@@ -111,8 +113,9 @@ class _Ask:
         if not exporters:
             raise ValueError("give the URL of at least one specwatch daemon, e.g. 'http://specwatch:9824'")
         password_file, ca_file, cert_file, key_file = (Path(f) if f is not None else None for f in files)
-        problem = exporter_flags_problem(key_file=key_file, cert_file=cert_file, password_file=password_file,
-                                         username=username)
+        given = {"exporter_username": username, "exporter_password_file": password_file, "exporter_cert_file": cert_file,
+                 "exporter_key_file": key_file}
+        problem = exporter_flags_problem(given, CHECK)
         if problem is not None:
             raise ValueError(problem)
         selected = [_argument(label_argument, f"{key}={value}") for key, value in (labels or {}).items()]
@@ -150,7 +153,4 @@ def _texts(value: str | Iterable[str]) -> list[str]:
 def _endpoints(names: str | Iterable[str] | None) -> list[Endpoint]:
     """The endpoints asked for by name, every one when none is."""
     wanted = _texts(names) if names is not None else []
-    unknown = [name for name in wanted if name not in set(Endpoint)]
-    if unknown:
-        raise ValueError(f"unknown endpoint {', '.join(map(str, unknown))}; choose from {', '.join(e.value for e in Endpoint)}")
-    return [Endpoint(name) for name in wanted] or list(Endpoint)
+    return [Endpoint(_argument(endpoint_argument, name)) for name in wanted] or list(Endpoint)
