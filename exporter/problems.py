@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import InitErrorDetails
+from pydantic_core import ErrorDetails, InitErrorDetails
 
 Loc = tuple[str | int, ...]
 """A place in a configuration, as pydantic gives it: ("servers", 0, "url")."""
@@ -39,11 +39,16 @@ def refusal(problems: Iterable[tuple[Loc, str]], title: str = "configuration") -
     return ValidationError.from_exception_data(title, [_detail(loc, message) for loc, message in problems])
 
 
-_DETAIL_KEYS = ("type", "loc", "input", "ctx")
-
-
 def _detail(loc: Loc, message: str) -> InitErrorDetails:
     return InitErrorDetails(type="value_error", loc=loc, input=None, ctx={"error": ValueError(message)})
+
+
+def _again(error: ErrorDetails) -> InitErrorDetails:
+    """A raised error as one to raise again: its type, place, input and context (pydantic writes its message anew)."""
+    again = InitErrorDetails(type=error["type"], loc=error["loc"], input=error["input"])
+    if "ctx" in error:
+        again["ctx"] = error["ctx"]
+    return again
 
 
 def refusing_also(handler: Callable[[Any], Any], data: Any, problems: list[tuple[Loc, str]], title: str) -> Any:
@@ -57,8 +62,7 @@ def refusing_also(handler: Callable[[Any], Any], data: Any, problems: list[tuple
     except ValidationError as err:
         if not problems:
             raise
-        found = [InitErrorDetails(**{k: v for k, v in e.items() if k in _DETAIL_KEYS})  # type: ignore[typeddict-item]
-                 for e in err.errors(include_url=False)]
+        found = [_again(e) for e in err.errors(include_url=False)]
         added = [_detail(loc, message) for loc, message in problems]
         raise ValidationError.from_exception_data(err.title, found + added) from None
     if problems:

@@ -38,15 +38,26 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module `path` imports, by its full name (relative imports resolved; TYPE_CHECKING ones included)."""
+    """Every module `path` imports, by its full name (relative imports resolved; TYPE_CHECKING ones included, but for
+    the package root's: its public names load on first use, so it stays on the ground floor, holding the version)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    if path == PACKAGE / "__init__.py":
+        tree.body = [node for node in tree.body if not _type_checking(node)]
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names
+
+
+def _type_checking(node: ast.stmt) -> bool:
+    """`if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:` (by any name of the module)."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def layer_of(module: str) -> int:

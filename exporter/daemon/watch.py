@@ -43,6 +43,9 @@ class _Streak:
 class Watcher(Runner):
     """Polls and canaries for a fleet; at most one poll per server and one canary round per model in flight."""
 
+    policy: Settings
+    """The daemon's policy is its settings: every key a probe reads, and the rest of the config."""
+
     def __init__(
         self,
         settings: Settings,
@@ -62,7 +65,7 @@ class Watcher(Runner):
 
     @property
     def settings(self) -> Settings:
-        return self.policy  # type: ignore[return-value] - the daemon's policy is its Settings
+        return self.policy
 
     def _set_limits(self, concurrency: int) -> None:
         # Probes in flight release the semaphores they took; new ones queue on the new ones. Canaries may hold half
@@ -131,7 +134,7 @@ class Watcher(Runner):
             log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
         finally:
             self._in_flight.discard(("poll", name))
-            self._polls.discard(task)  # type: ignore[arg-type]
+            self._polls.discard(task)
 
     def _known_slots(self, server: ServerConfig) -> KnownSlots:
         state, now, max_age = self.fleet.get(server.name), self._clock(), self.settings.canary_interval

@@ -142,12 +142,12 @@ class _WebServer(ThreadingHTTPServer):
     daemon_threads = True
     app: WebApp
 
-    def handle_error(self, request: object, client_address: object) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> None:
         # Plain HTTP on the TLS port, resets and stalled clients are the client's problem: no traceback.
         error = sys.exc_info()[1]
         if isinstance(error, ssl.SSLError | ConnectionError | TimeoutError):
             return
-        super().handle_error(request, client_address)  # type: ignore[arg-type]
+        super().handle_error(request, client_address)
 
 
 class _WebServer6(_WebServer):

@@ -27,7 +27,8 @@ class _Protocol(asyncio.Protocol):
         self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)  # create_connection gives a stream protocol a stream transport
+        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -153,8 +154,8 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             raise httpcore.ConnectError(str(err) or err.__class__.__name__) from err
         if transport is None:
             raise httpcore.ConnectError("the TLS handshake ended the connection")
-        self._protocol.transport = transport  # type: ignore[assignment]
-        return AsyncioStream(transport, self._protocol)  # type: ignore[arg-type]
+        self._protocol.transport = transport
+        return AsyncioStream(transport, self._protocol)
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":
@@ -194,7 +195,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         sock = transport.get_extra_info("socket")
         for option in socket_options or ():
             sock.setsockopt(*option)
-        return AsyncioStream(transport, protocol)  # type: ignore[arg-type]
+        return AsyncioStream(transport, protocol)
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None

@@ -118,7 +118,7 @@ class _CookielessClient(httpx.AsyncClient):
     which builds a urllib request from each response: about 5% of a 1,000-server daemon's CPU.
     """
 
-    @property  # type: ignore[override]
+    @property
     def cookies(self) -> httpx.Cookies:
         return _NO_COOKIES
 
