@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.canary import Tally
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure, Reason
 from specwatch.settings.schema import ServerConfig

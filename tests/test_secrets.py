@@ -14,8 +14,8 @@ import structlog
 
 from specwatch import cli
 from specwatch.daemon.watch import Watcher
+from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.canary import Endpoint
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure

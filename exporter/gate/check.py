@@ -8,10 +8,11 @@ from typing import Any
 
 import httpx
 
+from specwatch.endpoints import Endpoint
 from specwatch.gate import oneserver
 from specwatch.gate.options import CHECK, Spelling
 from specwatch.probe import probes
-from specwatch.probe.canary import TABLE, Endpoint
+from specwatch.probe.canary import TABLE
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure, Reason

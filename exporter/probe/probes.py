@@ -12,7 +12,8 @@ from urllib.parse import quote
 
 from pydantic import SecretStr
 
-from specwatch.probe.canary import TABLE, Endpoint, Tally, classify
+from specwatch.endpoints import Endpoint
+from specwatch.probe.canary import TABLE, Tally, classify
 from specwatch.probe.fetch import Fetcher
 from specwatch.probe.llama import (
     Props,

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from specwatch.durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.probe.keyfiles import KEY_FILES, checked_key
 from specwatch.problems import Loc, NamesItsKey, refusing_also
 
