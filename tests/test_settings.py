@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from specwatch.probe.keyfiles import KeyFiles
 from specwatch.problems import ConfigError
+from specwatch.settings import schema
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import NO_SERVERS, Settings, parse_shard
 
@@ -142,8 +143,9 @@ def test_api_key_is_read_and_kept_secret(tmp_path: Path) -> None:
     key.write_text("sk-abc\n")
     settings = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key}}}\n")
     server = settings.servers[0]
-    assert server.api_key.get_secret_value() == "sk-abc"
-    assert "sk-abc" not in repr(settings) and "sk-abc" not in str(server.api_key)
+    sent = KeyFiles().key_of(server)
+    assert sent.get_secret_value() == "sk-abc"
+    assert "sk-abc" not in repr(settings) and "sk-abc" not in str(sent)
 
 
 @pytest.mark.parametrize("text", ["0/1", "2/3"])
@@ -263,13 +265,13 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
     builds = {"default": lambda: Settings(), "bad": lambda: Settings(servers=[], poll_interval="banana"),
               "some": lambda: Settings(servers=[{"name": "x", "url": "http://x:1"}], poll_timeout="20s")}
     inside: dict[str, object] = {}
-    real_load = KeyFiles.load
+    real_read = schema.read_key_file
 
-    def load_and_build(self: KeyFiles, path: Path) -> None:  # runs while load_settings validates
-        real_load(self, path)
+    def read_and_build(path: Path) -> str:  # runs while load_settings validates
         inside.update({name: _outcome(build) for name, build in builds.items()})
+        return real_read(path)
 
-    monkeypatch.setattr(KeyFiles, "load", load_and_build)
+    monkeypatch.setattr(schema, "read_key_file", read_and_build)
     loaded = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key}}}\npoll_interval: 10s\n")
     assert loaded.poll_interval == 30.0 and not loaded.default_target
     outside = {name: _outcome(build) for name, build in builds.items()}
@@ -280,12 +282,13 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
 
 
 @pytest.mark.real
-def test_settings_import_no_http_and_probes_import_no_settings() -> None:
+def test_settings_import_no_http_nor_probes_and_probes_import_no_settings() -> None:
     import subprocess
     import sys
 
     script = ("import sys; import specwatch.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('httpx', 'httpcore', 'h11'))); [sys.modules.pop(m) for m in list(sys.modules) if m.startswith('specwatch')]; "
+              "('httpx', 'httpcore', 'h11') or m.startswith('specwatch.probe'))); "
+              "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith('specwatch')]; "
               "import specwatch.probe.probes, specwatch.probe.keyfiles, specwatch.probe.fetch; "
               "print(sorted(m for m in sys.modules if m.startswith('specwatch.settings')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
