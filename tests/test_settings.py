@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import secrets
+import sys
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from specwatch.probe.keyfiles import KeyFiles
 from specwatch.problems import ConfigError
@@ -281,10 +284,54 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
                               ((), f"Value error, {NO_SERVERS}")]
 
 
+def _globals() -> dict[tuple[str, str], int]:
+    """Every global of every loaded specwatch module, by the identity of its value."""
+    return {(name, key): id(value) for name, module in list(sys.modules.items()) if name.startswith("specwatch")
+            for key, value in vars(module).items()}
+
+
+def _holding(secret: str) -> list[str]:
+    """The type of every live object that holds `secret`: a SecretStr of it, or a container with it among its strings."""
+    gc.collect()
+    found = []
+    for obj in gc.get_objects():
+        # Exact types and the base classes' own methods: a lazy object's __class__ or __iter__ may start work of its own.
+        kind = type(obj)
+        if issubclass(kind, SecretStr):
+            values = [obj.get_secret_value()]
+        elif issubclass(kind, dict):
+            values = list(dict.values(obj))
+        elif kind in (list, tuple, set, frozenset):
+            values = list(obj)
+        else:
+            continue
+        if any(isinstance(v, str) and secret in v for v in values):
+            found.append(type(obj).__name__)
+    return found
+
+
+def test_validating_a_key_file_changes_no_state_outside_the_settings(tmp_path: Path) -> None:
+    """The reverse of the test above: validation checks the key file and keeps its key nowhere; a runner's KeyFiles reads it."""
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-" + secrets.token_hex(12))
+    before = _globals()
+    settings = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key_file}}}\n")
+    also = Settings(servers=[{"name": "b", "url": "http://h:2", "api_key_file": str(key_file)}])
+    with pytest.raises(ConfigError):
+        _load(tmp_path, f"servers:\n  - {{name: a, url: 'ftp://h', api_key_file: {key_file}}}\n")
+    after = _globals()
+    loaded = {module for module, _ in before}
+    assert sorted(k for k, v in after.items() if k[0] in loaded and before.get(k) != v) == []
+    secret = key_file.read_text()
+    assert _holding(secret) == []
+    keys = KeyFiles()
+    assert keys.key_of(settings.servers[0]) == keys.key_of(also.servers[0]) == SecretStr(secret)
+    assert _holding(secret) != [], "the search finds a key that is held"
+
+
 @pytest.mark.real
 def test_settings_import_no_http_nor_probes_and_probes_import_no_settings() -> None:
     import subprocess
-    import sys
 
     script = ("import sys; import specwatch.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
               "('httpx', 'httpcore', 'h11') or m.startswith('specwatch.probe'))); "
