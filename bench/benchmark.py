@@ -132,7 +132,8 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict
     """Poll and canary cycles over the whole fleet, driven through the daemon's own Watcher."""
     from specwatch.daemon.cadence import Round
     from specwatch.daemon.run import Daemon
-    from specwatch.probe.canary import TABLE, Endpoint
+    from specwatch.endpoints import Endpoint
+    from specwatch.probe.canary import TABLE
     from specwatch.settings.loading import load_settings
 
     settings = load_settings(config)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from specwatch.demo.llamaserver import LlamaServer, LlamaServerError
 from specwatch.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
+from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.canary import Endpoint
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure

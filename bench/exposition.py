@@ -14,7 +14,7 @@ from specwatch.daemon.cadence import Round
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.watch import Watcher
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet

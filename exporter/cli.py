@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from specwatch import __version__
 from specwatch.daemon.web import DEFAULT_PORT, parse_listen
+from specwatch.endpoints import Endpoint
 from specwatch.gate.options import (
     ASKING,
     CHECK,
@@ -23,7 +24,7 @@ from specwatch.gate.options import (
     logs_to_stderr,
     mode_problem,
 )
-from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF, Endpoint
+from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF
 from specwatch.problems import ConfigError
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import DEFAULT_SERVER_URL, parse_shard

@@ -9,9 +9,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from pydantic import SecretStr
+
+from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.canary import Tally
 from specwatch.probe.fetch import Fetcher
+from specwatch.probe.keyfiles import KeyFiles
 from specwatch.reasons import ProbeFailure, Reason
 from specwatch.settings.schema import ServerConfig
 from specwatch.state import Change, Fleet, ModelState
@@ -21,7 +25,9 @@ T = TypeVar("T")
 
 
 class PollProbe(Protocol):
-    def __call__(self, fetcher: Fetcher, target: ServerConfig, *, timeout: float) -> Awaitable[probes.ServerPoll]: ...
+    def __call__(
+        self, fetcher: Fetcher, target: ServerConfig, *, timeout: float, api_key: SecretStr | None
+    ) -> Awaitable[probes.ServerPoll]: ...
 
 
 PASSES = 2
@@ -82,10 +88,13 @@ class Runner:
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        keys: KeyFiles | None = None,
     ) -> None:
         self.fleet = fleet
         self.fetcher = fetcher
         self.policy = policy
+        self.keys = keys if keys is not None else KeyFiles()
+        """Resolves the key each probe sends: the config names key files, this reads them (again when they change)."""
         self._clock = clock
         self._monotonic = monotonic
 
@@ -114,13 +123,14 @@ class Runner:
     async def poll_once(self, server: ServerConfig) -> Measured[probes.ServerPoll]:
         """Poll `server` and record what it answered."""
         known = self._known_slots(server)
-        return await self.poll_once_with(server, lambda fetcher, target, *, timeout: probes.poll(
-            fetcher, target, timeout=timeout, known=known))
+        return await self.poll_once_with(server, lambda fetcher, target, *, timeout, api_key: probes.poll(
+            fetcher, target, timeout=timeout, known=known, api_key=api_key))
 
     async def poll_once_with(self, server: ServerConfig, probe: PollProbe) -> Measured[probes.ServerPoll]:
         """Poll `server` with `probe` (the usual poll, or what a front end that forwards only /v1/* allows) and record it."""
         timeout = self.policy.timeout_for(server, canary=False)
-        measured = await self._measure(lambda: probe(self.fetcher, server, timeout=timeout), timeout)
+        measured = await self._measure(
+            lambda: probe(self.fetcher, server, timeout=timeout, api_key=self.keys.key_of(server)), timeout)
         change = self.fleet.record_poll(server.name, result=measured.result, reason=measured.reason, detail=measured.detail,
                                         duration=measured.duration, now=self._clock())
         self._polled(server, measured, change)
@@ -145,7 +155,7 @@ class Runner:
         for endpoint in endpoints:
             measured = await self._measure(
                 lambda endpoint=endpoint: probes.canary(self.fetcher, server, endpoint, tokens=tokens, timeout=timeout,
-                                                        model=key or None),
+                                                        model=key or None, api_key=self.keys.key_of(server)),
                 timeout,
                 canary=True,
             )

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 
-from specwatch.probe.canary import Endpoint, Tally
+from specwatch.endpoints import Endpoint
+from specwatch.probe.canary import Tally
 from specwatch.probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
 from specwatch.reasons import Reason
 from specwatch.settings.schema import ServerConfig

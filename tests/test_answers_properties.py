@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from specwatch.durations import parse_duration
+from specwatch.endpoints import Endpoint
 from specwatch.probe.answers import Reading, Token
-from specwatch.probe.canary import TABLE, Endpoint, classify
+from specwatch.probe.canary import TABLE, classify
 from specwatch.probe.fetch import parse_json
 from specwatch.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
 from specwatch.reasons import ProbeFailure, Reason

@@ -13,9 +13,9 @@ import pytest
 from specwatch.cli import main
 from specwatch.daemon import api
 from specwatch.daemon.web import WebApp
+from specwatch.endpoints import Endpoint
 from specwatch.gate.ask import Exporter, ask
 from specwatch.gate.options import PLUGIN
-from specwatch.probe.canary import Endpoint
 from specwatch.report import read_verdicts
 from tests.support.wire import FakeLlama, FakeRouter
 

@@ -19,11 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specwatch.cli import main
+from specwatch.endpoints import Endpoint
 from specwatch.gate.audit import audit_file, read_answers, run_audit
 from specwatch.gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
 from specwatch.gate.shapes import shape_of
 from specwatch.probe import probes
-from specwatch.probe.canary import TABLE, Endpoint, classify
+from specwatch.probe.canary import TABLE, classify
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import ServerConfig
 from tests.support import markdown

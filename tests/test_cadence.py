@@ -8,7 +8,8 @@ import random
 from dataclasses import replace
 
 from specwatch.daemon.cadence import MAX_STRETCH, due, spacing
-from specwatch.probe.canary import Endpoint, Tally
+from specwatch.endpoints import Endpoint
+from specwatch.probe.canary import Tally
 from specwatch.probe.llama import Props, Slots
 from specwatch.probe.probes import ModelPoll, PollResult
 from specwatch.reasons import Reason

@@ -16,7 +16,7 @@ from specwatch.daemon.schedule import Schedule
 from specwatch.daemon.watch import Watcher
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import Settings

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from specwatch.endpoints import Endpoint
 from specwatch.probe.answers import Reading, Token
-from specwatch.probe.canary import TABLE, Endpoint, classify
+from specwatch.probe.canary import TABLE, classify
 from specwatch.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 

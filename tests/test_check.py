@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
+from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
-from specwatch.probe.canary import Endpoint
 from specwatch.settings.schema import ServerConfig
 from specwatch.verdict import Verdict
 from tests.support.wire import FakeLlama

@@ -16,7 +16,7 @@ import pytest
 
 from specwatch.demo.llamaserver import LlamaServer, free_port
 from specwatch.demo.tinymodel import write_cycle_model
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until

@@ -17,7 +17,7 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.web import WebApp
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.settings.schema import Settings
 from tests.support.wire import FakeLlama
 

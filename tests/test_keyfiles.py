@@ -9,6 +9,7 @@ import pytest
 import structlog
 import yaml
 
+from specwatch.probe.keyfiles import KeyFiles
 from specwatch.settings.schema import ServerConfig
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
@@ -27,12 +28,12 @@ def rotate(path: Path, key: str) -> None:
 def test_a_rotated_key_is_used_from_the_next_request(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("sk-first\n")
-    server = ServerConfig(name="a", url="http://h:1", api_key_file=key_file)
-    assert server.api_key.get_secret_value() == "sk-first"
+    server, keys = ServerConfig(name="a", url="http://h:1", api_key_file=key_file), KeyFiles()
+    assert keys.key_of(server).get_secret_value() == "sk-first"
     rotate(key_file, "sk-second")
-    assert server.api_key.get_secret_value() == "sk-second"
+    assert keys.key_of(server).get_secret_value() == "sk-second"
     key_file.write_text("sk-third-and-longer")  # written in place: a new size and mtime
-    assert server.api_key.get_secret_value() == "sk-third-and-longer"
+    assert keys.key_of(server).get_secret_value() == "sk-third-and-longer"
 
 
 def test_servers_sharing_a_file_cost_a_stat_each_not_a_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,29 +47,39 @@ def test_servers_sharing_a_file_cost_a_stat_each_not_a_read(tmp_path: Path, monk
         reads += 1
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", counted)
     servers = [ServerConfig(name=f"s{i}", url=f"http://h:{i + 1}", api_key_file=key_file) for i in range(1000)]
-    assert all(s.api_key.get_secret_value() == "sk-shared" for s in servers)
+    monkeypatch.setattr(Path, "read_text", counted)  # validating each config checked the file; probes cost a stat
+    keys = KeyFiles()
+    assert all(keys.key_of(s).get_secret_value() == "sk-shared" for s in servers)
     assert reads == 1
     rotate(key_file, "sk-rotated")
-    assert all(s.api_key.get_secret_value() == "sk-rotated" for s in servers)
+    assert all(keys.key_of(s).get_secret_value() == "sk-rotated" for s in servers)
     assert reads == 2
+
+
+def test_an_env_key_is_the_value_the_config_was_loaded_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECWATCH_TEST_KEY", "sk-env-one")
+    server = ServerConfig(name="a", url="http://h:1", api_key_env="SPECWATCH_TEST_KEY")
+    monkeypatch.setenv("SPECWATCH_TEST_KEY", "sk-env-two")  # a reload reads it again
+    assert KeyFiles().key_of(server).get_secret_value() == "sk-env-one"
+    assert KeyFiles().key_of(ServerConfig(name="b", url="http://h:2")) is None
 
 
 @pytest.mark.parametrize("gap", ["missing", "empty"])
 def test_a_rotation_gap_keeps_the_last_good_key_and_says_so_once(tmp_path: Path, gap: str) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("sk-good-key")
-    server = ServerConfig(name="a", url="http://h:1", api_key_file=key_file)
+    server, keys = ServerConfig(name="a", url="http://h:1", api_key_file=key_file), KeyFiles()
+    assert keys.key_of(server).get_secret_value() == "sk-good-key"  # a probe sent it
     with structlog.testing.capture_logs() as logged:
         if gap == "missing":
             key_file.unlink()
         else:
             key_file.write_text("")
         for _ in range(5):
-            assert server.api_key.get_secret_value() == "sk-good-key"
+            assert keys.key_of(server).get_secret_value() == "sk-good-key"
         rotate(key_file, "sk-next-key")
-        assert server.api_key.get_secret_value() == "sk-next-key"
+        assert keys.key_of(server).get_secret_value() == "sk-next-key"
     assert [e["event"] for e in logged] == ["api_key_file_unusable", "api_key_file_changed"]
     assert logged[0]["problem"] == ("cannot be read: No such file or directory" if gap == "missing" else "is empty")
     assert logged[0]["log_level"] == "warning"

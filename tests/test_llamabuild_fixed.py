@@ -209,7 +209,7 @@ def test_the_daemon_on_the_fixed_build(servers, tmp_path):
     """A fleet on the fixed build: the verdict names the endpoint with fill-ins; a daemon asking only fixed ones says clean."""
     import yaml
 
-    from specwatch.probe.canary import Endpoint
+    from specwatch.endpoints import Endpoint
     from tests.support.metrics import find, scrape
     from tests.support.process import ExporterProcess
     from tests.support.waiting import wait_until

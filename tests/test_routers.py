@@ -7,8 +7,8 @@ import json
 
 import httpx
 
+from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
-from specwatch.probe.canary import Endpoint
 from specwatch.settings.schema import ServerConfig
 from tests.support.fakes import fleet_transport
 from tests.support.metrics import exposition, parse, value

@@ -20,7 +20,7 @@ from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.run import Daemon
 from specwatch.daemon.watch import Watcher
 from specwatch.demo.llamaserver import free_port
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import Reason

@@ -14,10 +14,11 @@ import structlog
 
 from specwatch import cli
 from specwatch.daemon.watch import Watcher
+from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.canary import Endpoint
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
+from specwatch.probe.keyfiles import KeyFiles
 from specwatch.reasons import ProbeFailure
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
@@ -136,10 +137,12 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
     client = new_client()
     fetcher = Fetcher(client, settings.max_response_bytes)
     try:
-        details = []
+        details, keys = [], KeyFiles()
         for server in settings.servers:
-            canaries = [lambda s=server, e=e: probes.canary(fetcher, s, Endpoint(e), tokens=8, timeout=1.0) for e in ENDPOINTS]
-            for probe in (lambda s=server: probes.poll(fetcher, s, timeout=1.0), *canaries):
+            key = keys.key_of(server)
+            canaries = [lambda s=server, e=e, k=key: probes.canary(fetcher, s, Endpoint(e), tokens=8, timeout=1.0, api_key=k)
+                        for e in ENDPOINTS]
+            for probe in (lambda s=server, k=key: probes.poll(fetcher, s, timeout=1.0, api_key=k), *canaries):
                 try:
                     await probe()
                 except ProbeFailure as failure:

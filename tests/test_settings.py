@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import secrets
+import sys
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from specwatch.probe.keyfiles import KeyFiles
 from specwatch.problems import ConfigError
+from specwatch.settings import schema
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import NO_SERVERS, Settings, parse_shard
 
@@ -142,8 +146,9 @@ def test_api_key_is_read_and_kept_secret(tmp_path: Path) -> None:
     key.write_text("sk-abc\n")
     settings = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key}}}\n")
     server = settings.servers[0]
-    assert server.api_key.get_secret_value() == "sk-abc"
-    assert "sk-abc" not in repr(settings) and "sk-abc" not in str(server.api_key)
+    sent = KeyFiles().key_of(server)
+    assert sent.get_secret_value() == "sk-abc"
+    assert "sk-abc" not in repr(settings) and "sk-abc" not in str(sent)
 
 
 @pytest.mark.parametrize("text", ["0/1", "2/3"])
@@ -263,13 +268,13 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
     builds = {"default": lambda: Settings(), "bad": lambda: Settings(servers=[], poll_interval="banana"),
               "some": lambda: Settings(servers=[{"name": "x", "url": "http://x:1"}], poll_timeout="20s")}
     inside: dict[str, object] = {}
-    real_load = KeyFiles.load
+    real_read = schema.read_key_file
 
-    def load_and_build(self: KeyFiles, path: Path) -> None:  # runs while load_settings validates
-        real_load(self, path)
+    def read_and_build(path: Path) -> str:  # runs while load_settings validates
         inside.update({name: _outcome(build) for name, build in builds.items()})
+        return real_read(path)
 
-    monkeypatch.setattr(KeyFiles, "load", load_and_build)
+    monkeypatch.setattr(schema, "read_key_file", read_and_build)
     loaded = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key}}}\npoll_interval: 10s\n")
     assert loaded.poll_interval == 30.0 and not loaded.default_target
     outside = {name: _outcome(build) for name, build in builds.items()}
@@ -279,13 +284,58 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
                               ((), f"Value error, {NO_SERVERS}")]
 
 
+def _globals() -> dict[tuple[str, str], int]:
+    """Every global of every loaded specwatch module, by the identity of its value."""
+    return {(name, key): id(value) for name, module in list(sys.modules.items()) if name.startswith("specwatch")
+            for key, value in vars(module).items()}
+
+
+def _holding(secret: str) -> list[str]:
+    """The type of every live object that holds `secret`: a SecretStr of it, or a container with it among its strings."""
+    gc.collect()
+    found = []
+    for obj in gc.get_objects():
+        # Exact types and the base classes' own methods: a lazy object's __class__ or __iter__ may start work of its own.
+        kind = type(obj)
+        if issubclass(kind, SecretStr):
+            values = [obj.get_secret_value()]
+        elif issubclass(kind, dict):
+            values = list(dict.values(obj))
+        elif kind in (list, tuple, set, frozenset):
+            values = list(obj)
+        else:
+            continue
+        if any(isinstance(v, str) and secret in v for v in values):
+            found.append(type(obj).__name__)
+    return found
+
+
+def test_validating_a_key_file_changes_no_state_outside_the_settings(tmp_path: Path) -> None:
+    """The reverse of the test above: validation checks the key file and keeps its key nowhere; a runner's KeyFiles reads it."""
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-" + secrets.token_hex(12))
+    before = _globals()
+    settings = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key_file}}}\n")
+    also = Settings(servers=[{"name": "b", "url": "http://h:2", "api_key_file": str(key_file)}])
+    with pytest.raises(ConfigError):
+        _load(tmp_path, f"servers:\n  - {{name: a, url: 'ftp://h', api_key_file: {key_file}}}\n")
+    after = _globals()
+    loaded = {module for module, _ in before}
+    assert sorted(k for k, v in after.items() if k[0] in loaded and before.get(k) != v) == []
+    secret = key_file.read_text()
+    assert _holding(secret) == []
+    keys = KeyFiles()
+    assert keys.key_of(settings.servers[0]) == keys.key_of(also.servers[0]) == SecretStr(secret)
+    assert _holding(secret) != [], "the search finds a key that is held"
+
+
 @pytest.mark.real
-def test_settings_import_no_http_and_probes_import_no_settings() -> None:
+def test_settings_import_no_http_nor_probes_and_probes_import_no_settings() -> None:
     import subprocess
-    import sys
 
     script = ("import sys; import specwatch.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('httpx', 'httpcore', 'h11'))); [sys.modules.pop(m) for m in list(sys.modules) if m.startswith('specwatch')]; "
+              "('httpx', 'httpcore', 'h11') or m.startswith('specwatch.probe'))); "
+              "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith('specwatch')]; "
               "import specwatch.probe.probes, specwatch.probe.keyfiles, specwatch.probe.fetch; "
               "print(sorted(m for m in sys.modules if m.startswith('specwatch.settings')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)

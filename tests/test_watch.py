@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.reasons import Reason
 from specwatch.verdict import Verdict
 from tests.support.metrics import exposition, parse, value

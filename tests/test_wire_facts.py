@@ -435,7 +435,8 @@ def test_idle_connections_are_announced_to_close_after_five_seconds(server):
 
 def test_ngram_map_k_drafts_only_if_its_first_request_is_a_completion(model):
     """Why the canary asks /completion first: a fresh ngram-map-k server whose first request is a chat never drafts."""
-    from specwatch.probe.canary import TABLE, Endpoint
+    from specwatch.endpoints import Endpoint
+    from specwatch.probe.canary import TABLE
 
     completion, chat = TABLE[Endpoint.COMPLETION], TABLE[Endpoint.CHAT]
     drafted = {}

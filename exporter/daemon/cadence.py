@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 from specwatch.probe.llama import Props, Slots
 from specwatch.settings.schema import Settings
 from specwatch.state import ModelState

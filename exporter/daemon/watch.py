@@ -12,8 +12,9 @@ from typing import Any
 import structlog
 
 from specwatch.daemon.cadence import Round, due, slots_known
+from specwatch.endpoints import Endpoint
 from specwatch.probe import fetch
-from specwatch.probe.canary import Endpoint, Tally
+from specwatch.probe.canary import Tally
 from specwatch.probe.fetch import Fetcher
 from specwatch.probe.llama import Props, Slots
 from specwatch.probe.probes import PLAIN, KnownSlots

@@ -23,7 +23,7 @@ from specwatch.demo.llamaserver import (
     free_port,
     router_preset,
 )
-from specwatch.probe.canary import Endpoint
+from specwatch.endpoints import Endpoint
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
 

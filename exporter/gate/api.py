@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from specwatch.endpoints import Endpoint
 from specwatch.gate.ask import AskReport, Exporter
 from specwatch.gate.ask import ask as ask_exporters
 from specwatch.gate.check import CheckReport, run_check
@@ -25,7 +26,6 @@ from specwatch.gate.options import (
     label_argument,
     tokens_argument,
 )
-from specwatch.probe.canary import Endpoint
 from specwatch.settings.schema import ServerConfig
 
 __all__ = ["aask", "acheck", "ask", "check"]

@@ -8,12 +8,14 @@ from typing import Any
 
 import httpx
 
+from specwatch.endpoints import Endpoint
 from specwatch.gate import oneserver
 from specwatch.gate.options import CHECK, Spelling
 from specwatch.probe import probes
-from specwatch.probe.canary import TABLE, Endpoint
+from specwatch.probe.canary import TABLE
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
+from specwatch.probe.keyfiles import KeyFiles
 from specwatch.reasons import ProbeFailure, Reason
 from specwatch.report import EndpointReport, ModelReport, model_report
 from specwatch.runner import Runner, measure
@@ -100,10 +102,10 @@ async def run_check(
     Nothing is ever loaded unless `load` asks for the configured model: a check must not change what it checks.
     """
     server = server.model_copy(update={"name": CHECKED})
-    policy = CheckPolicy(tokens, timeout)
+    policy, keys = CheckPolicy(tokens, timeout), KeyFiles()
     async with connect() as http:
         fetcher = Fetcher(http, max_bytes)
-        runner = Runner(Fleet([server], endpoints), fetcher, policy)
+        runner = Runner(Fleet([server], endpoints), fetcher, policy, keys=keys)
         polled = await runner.poll_once(server)
         gateway = polled.reason is Reason.NOT_FOUND
         if gateway:
@@ -112,12 +114,12 @@ async def run_check(
             if not endpoints:
                 report = CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES))
                 return _decided(report, NO_V1_ENDPOINT_ASKED)
-            runner = Runner(Fleet([server], endpoints), fetcher, policy)
+            runner = Runner(Fleet([server], endpoints), fetcher, policy, keys=keys)
             polled = await runner.poll_once_with(server, probes.gateway_poll)
         elif load and server.model and polled.result is not None and polled.result.router \
                 and not polled.result.models[server.model].loaded:
             try:
-                await probes.load(fetcher, server, server.model, timeout=timeout)
+                await probes.load(fetcher, server, server.model, timeout=timeout, api_key=keys.key_of(server))
             except ProbeFailure as failure:
                 return _decided(CheckReport(url=server.url), load_failed(failure))
             polled = await runner.poll_once(server)
@@ -125,9 +127,9 @@ async def run_check(
             if model.poll is not None:
                 await runner.round(server, key, endpoints, full=True)
         one_server = not gateway and polled.result is not None and not polled.result.router
-        again = await _polls_anew(server, policy, max_bytes, connect) if one_server else []
+        again = await _polls_anew(server, keys, policy, max_bytes, connect) if one_server else []
     state = _state(runner)
-    report, decision = report_of(server, state)
+    report, decision = report_of(server, state, key_sent=keys.key_of(server) is not None)
     model = state.model()
     if again and model is not None and model.poll is not None:
         tallies = [c.tally for c in model.canaries.values() if c.tally is not None]
@@ -155,21 +157,22 @@ per request) shows another server's /props to one of them."""
 
 
 async def _polls_anew(
-    server: ServerConfig, policy: CheckPolicy, max_bytes: int, connect: Callable[[], httpx.AsyncClient]
+    server: ServerConfig, keys: KeyFiles, policy: CheckPolicy, max_bytes: int, connect: Callable[[], httpx.AsyncClient]
 ) -> list[probes.ServerPoll | Reason]:
     found: list[probes.ServerPoll | Reason] = []
     for _ in range(AGAIN):
         async with connect() as fresh:
             fetcher = Fetcher(fresh, max_bytes)
-            measured = await measure(lambda fetcher=fetcher: probes.poll(fetcher, server, timeout=policy.timeout), policy.timeout)
+            measured = await measure(lambda fetcher=fetcher: probes.poll(
+                fetcher, server, timeout=policy.timeout, api_key=keys.key_of(server)), policy.timeout)
         found.append(measured.result if measured.result is not None else measured.reason or Reason.INTERNAL)
     return found
 
 
-def report_of(server: ServerConfig, state: ServerState) -> tuple[CheckReport, Decision]:
+def report_of(server: ServerConfig, state: ServerState, *, key_sent: bool) -> tuple[CheckReport, Decision]:
     """The check's report from what the runner recorded (the server's one model, or every model of a router), and the
     verdict its model reached, before the gate's rules."""
-    report = CheckReport(url=server.url, api_key_sent=server.api_key is not None,
+    report = CheckReport(url=server.url, api_key_sent=key_sent,
                          reason=state.poll_failure_reason.value if state.poll_failure_reason else None)
     checked = [(model_report(key, model), model.decision) for key, model in state.models.items()]
     if not state.router:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # The pytest plugin builds its options from this module when pytest loads it, in every suite of a machine where
-# specwatch is installed: what it imports at the top must stay cheap (the canary's table of endpoints is plain Python).
-from specwatch.probe.canary import Endpoint
+# specwatch is installed: what it imports at the top must stay cheap (the endpoints' names import nothing of specwatch).
+from specwatch.endpoints import Endpoint
 
 if TYPE_CHECKING:
     from specwatch.settings.schema import ServerConfig

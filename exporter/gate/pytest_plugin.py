@@ -192,8 +192,8 @@ class Gate:
         return self.done[key]
 
     def _canary(self, url: str, defaults: Defaults) -> Outcome:
+        from specwatch.endpoints import Endpoint
         from specwatch.gate.check import render_text, run_check
-        from specwatch.probe.canary import Endpoint
 
         server = server_config(url, defaults)
         endpoints = [Endpoint(e) for e in defaults.endpoints] if defaults.endpoints else list(Endpoint)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from specwatch.endpoints import Endpoint
 from specwatch.gate.shapes import Shape, shape_of
 from specwatch.probe.answers import Reading, StreamReading
-from specwatch.probe.canary import Endpoint, classify
+from specwatch.probe.canary import classify
 from specwatch.reasons import ProbeFailure, Reason
 
 MAX_OPEN_STREAMS = 1024

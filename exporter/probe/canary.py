@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from specwatch.endpoints import Endpoint
 from specwatch.probe.answers import (
     Chunk,
     Reading,
@@ -45,22 +45,6 @@ class DraftProof:
 
 PROMPT_PROOF = DraftProof("raw-prompt", 8)
 CHAT_PROOF = DraftProof("chat", 32)
-
-
-class Endpoint(StrEnum):
-    """The ways an eval reads logprobs; each is canaried separately, in this order by default.
-
-    /completion comes first: a fresh server with ngram-map-k whose first request is a chat never drafts afterwards
-    (measured on build 11434 with bench/canary_tokens.py), while one whose first request is a completion does.
-    """
-
-    COMPLETION = "completion"
-    COMPLETION_STREAM = "completion_stream"
-    COMPLETION_POST_SAMPLING = "completion_post_sampling"
-    V1_COMPLETION = "v1_completion"
-    V1_COMPLETION_STREAM = "v1_completion_stream"
-    CHAT = "chat"
-    CHAT_STREAM = "chat_stream"
 
 
 @dataclass(frozen=True)

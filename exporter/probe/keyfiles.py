@@ -5,33 +5,24 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 from pydantic import SecretStr
 
+from specwatch.apikey import read_key_file
 from specwatch.filestamp import FileStamp, file_stamp
 
 log = structlog.get_logger("specwatch")
 
 
-def checked_key(key: str, source: str) -> str:
-    """`key` when it can be sent as a Bearer token; else ValueError naming `source` (never the key)."""
-    if not key:
-        raise ValueError(f"{source} is empty")
-    if any(ch.isspace() or not ch.isprintable() for ch in key):
-        raise ValueError(f"{source}: the API key contains whitespace or control characters")
-    return key
+class KeySource(Protocol):
+    """Where a server's key comes from: the settings' ServerConfig is one, without probes importing settings."""
 
-
-def _read_key_file(path: Path) -> str:
-    where = f"api_key_file {str(path)!r}"
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise ValueError(f"{where} cannot be read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{where} is not UTF-8 text") from None
-    return checked_key(text, where)
+    @property
+    def api_key_file(self) -> Path | None: ...
+    @property
+    def env_key(self) -> SecretStr | None: ...
 
 
 @dataclass
@@ -42,11 +33,11 @@ class _KeyFile:
 
 
 class KeyFiles:
-    """API keys read from files and read again when a file changes.
+    """The keys probes send, with key files read again when they change: one per runner, never shared by a config.
 
     A file's stamp (device, inode, mtime, size) decides whether it changed, so a thousand servers sharing one key file
-    cost a stat each per request, and a rotated key (written in place or swapped in by a symlink, as Kubernetes
-    does) is used from the next request. While a rotation leaves the file missing or empty, the last good key stays
+    cost a stat each per probe, and a rotated key (written in place or swapped in by a symlink, as Kubernetes
+    does) is used from the next probe. While a rotation leaves the file missing or empty, the last good key stays
     in use and one line says so.
     """
 
@@ -54,18 +45,11 @@ class KeyFiles:
         self._files: dict[Path, _KeyFile] = {}
         self._lock = threading.Lock()
 
-    def load(self, path: Path) -> None:
-        """Read `path` now; raises ValueError saying what is wrong with it (a config naming it is then refused)."""
-        try:
-            stamp = file_stamp(path)
-        except OSError as err:
-            raise ValueError(f"api_key_file {str(path)!r} cannot be read: {err.strerror}") from None
-        known = self._files.get(path)
-        if known is not None and known.stamp == stamp and known.problem is None:
-            return  # a thousand servers sharing one file read it once
-        key = SecretStr(_read_key_file(path))
-        with self._lock:
-            self._files[path] = _KeyFile(stamp, key)
+    def key_of(self, server: KeySource) -> SecretStr | None:
+        """The key to send to `server` now: its key file's current content, or its api_key_env value, or None."""
+        if server.api_key_file is not None:
+            return self.get(server.api_key_file)
+        return server.env_key
 
     def get(self, path: Path) -> SecretStr | None:
         """The current key of `path`, or the last good one while the file is missing, empty or unreadable."""
@@ -77,7 +61,7 @@ class KeyFiles:
         if known is not None and known.stamp == stamp:
             return known.key
         try:
-            key = SecretStr(_read_key_file(path))
+            key = SecretStr(read_key_file(path))
         except ValueError as err:
             return self._keep(path, known, stamp, str(err).removeprefix(f"api_key_file {str(path)!r}").strip(" :"))
         with self._lock:
@@ -96,7 +80,3 @@ class KeyFiles:
             # The bad file's stamp is remembered, so it is not read again until it changes.
             self._files[path] = _KeyFile(stamp or known.stamp, known.key, problem)
         return known.key
-
-
-KEY_FILES = KeyFiles()
-"""The one registry a process shares: servers naming the same file share its reads."""

@@ -12,7 +12,8 @@ from urllib.parse import quote
 
 from pydantic import SecretStr
 
-from specwatch.probe.canary import TABLE, Endpoint, Tally, classify
+from specwatch.endpoints import Endpoint
+from specwatch.probe.canary import TABLE, Tally, classify
 from specwatch.probe.fetch import Fetcher
 from specwatch.probe.llama import (
     Props,
@@ -33,14 +34,15 @@ PLAIN = ""
 
 
 class Target(Protocol):
-    """What a probe needs to know of a server: the settings' ServerConfig is one, without probes importing settings."""
+    """What a probe needs to know of a server: the settings' ServerConfig is one, without probes importing settings.
+
+    The key is not part of it: each probe is given the key to send (`api_key`), resolved for it by the runner's KeyFiles.
+    """
 
     @property
     def url(self) -> str: ...
     @property
     def model(self) -> str | None: ...
-    @property
-    def api_key(self) -> SecretStr | None: ...
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,8 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-def _key(target: Target) -> str | None:
-    return target.api_key.get_secret_value() if target.api_key is not None else None
+def _key(api_key: SecretStr | None) -> str | None:
+    return api_key.get_secret_value() if api_key is not None else None
 
 
 def _redacted(failure: ProbeFailure, key: str | None) -> ProbeFailure:
@@ -103,9 +105,9 @@ def _redacted(failure: ProbeFailure, key: str | None) -> ProbeFailure:
 
 
 @contextmanager
-def _secret_free(target: Target) -> Iterator[None]:
+def _secret_free(api_key: SecretStr | None) -> Iterator[None]:
     """Failures leave without the server's API key: a hostile server or proxy may echo it into any detail."""
-    key = _key(target)
+    key = _key(api_key)
     try:
         yield
     except ProbeFailure as failure:
@@ -114,9 +116,8 @@ def _secret_free(target: Target) -> Iterator[None]:
         raise ProbeFailure(Reason.INTERNAL, redact(f"{err.__class__.__name__}: {str(err)[:200]}", key)) from None
 
 
-def auth_headers(target: Target) -> dict[str, str]:
-    key = target.api_key
-    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+def auth_headers(api_key: SecretStr | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key is not None else {}
 
 
 KnownSlots = Callable[[str, Props], "tuple[bool, Slots | None]"]
@@ -136,32 +137,36 @@ def _model_query(model: str) -> str:
     return f"?model={quote(model, safe='')}&autoload=false"
 
 
-async def poll(fetcher: Fetcher, target: Target, *, timeout: float, known: KnownSlots = ask_always) -> ServerPoll:
+async def poll(
+    fetcher: Fetcher, target: Target, *, timeout: float, known: KnownSlots = ask_always, api_key: SecretStr | None = None
+) -> ServerPoll:
     """/props (and a router's /models and each loaded model's /props), and /slots unless `known` says it still holds.
 
     No /health: /props answers everything it does (503 while loading, before any key is checked; 401 once loaded
     when the key is wrong) and more. A server that sleeps is left asleep: its model counts as "sleeping".
     """
-    with _secret_free(target):
-        return await _poll(fetcher, target, timeout=timeout, known=known)
+    with _secret_free(api_key):
+        return await _poll(fetcher, target, timeout=timeout, known=known, api_key=api_key)
 
 
 async def canary(
-    fetcher: Fetcher, target: Target, endpoint: Endpoint, *, tokens: int, timeout: float, model: str | None = None
+    fetcher: Fetcher, target: Target, endpoint: Endpoint, *, tokens: int, timeout: float, model: str | None = None,
+    api_key: SecretStr | None = None,
 ) -> Tally:
     """One canary on one endpoint; `model` names a router's model (or the configured one) and is never loaded."""
-    with _secret_free(target):
-        return await _canary(fetcher, target, endpoint, tokens=tokens, timeout=timeout, model=model or None)
+    with _secret_free(api_key):
+        return await _canary(fetcher, target, endpoint, tokens=tokens, timeout=timeout, model=model or None,
+                             api_key=api_key)
 
 
-async def gateway_poll(fetcher: Fetcher, target: Target, *, timeout: float) -> ServerPoll:
+async def gateway_poll(fetcher: Fetcher, target: Target, *, timeout: float, api_key: SecretStr | None = None) -> ServerPoll:
     """A front end that forwards only /v1/* (an OpenAI-compatible gateway): the model it serves, from /v1/models.
 
     Nothing else can be seen through it, so speculation is unknown (no /props, no /slots): the canaries alone decide.
     The model is named in every canary, as such gateways require.
     """
-    with _secret_free(target):
-        listing = await fetcher.get_json(f"{target.url}/v1/models", headers=auth_headers(target), timeout=timeout)
+    with _secret_free(api_key):
+        listing = await fetcher.get_json(f"{target.url}/v1/models", headers=auth_headers(api_key), timeout=timeout)
         ids = model_ids(listing)
         if target.model is not None:
             if target.model not in ids:
@@ -176,10 +181,10 @@ async def gateway_poll(fetcher: Fetcher, target: Target, *, timeout: float) -> S
         return ServerPoll(router=False, models=MappingProxyType({chosen: ModelPoll("loaded", PollResult(props, None))}))
 
 
-async def load(fetcher: Fetcher, target: Target, model: str, *, timeout: float) -> None:
+async def load(fetcher: Fetcher, target: Target, model: str, *, timeout: float, api_key: SecretStr | None = None) -> None:
     """Ask a router to load `model` and wait until it lists it loaded: only an explicit `specwatch check --load` does."""
-    with _secret_free(target):
-        headers = auth_headers(target)
+    with _secret_free(api_key):
+        headers = auth_headers(api_key)
         await fetcher.post_json(f"{target.url}/models/load", {"model": model}, headers=headers, timeout=timeout)
         loop = asyncio.get_running_loop()
         deadline, status = loop.time() + timeout, "unknown"
@@ -206,17 +211,19 @@ async def _slots(fetcher: Fetcher, url: str, headers: dict[str, str], timeout: f
         raise
 
 
-async def _poll(fetcher: Fetcher, target: Target, *, timeout: float, known: KnownSlots) -> ServerPoll:
-    headers = auth_headers(target)
+async def _poll(
+    fetcher: Fetcher, target: Target, *, timeout: float, known: KnownSlots, api_key: SecretStr | None
+) -> ServerPoll:
+    headers, key = auth_headers(api_key), _key(api_key)
     # No model in this query: a router answers for itself, and nothing gets loaded.
     raw_props = await fetcher.get_json(f"{target.url}/props", headers=headers, timeout=timeout)
-    props = _labels_redacted(parse_props(raw_props), _key(target))
+    props = _labels_redacted(parse_props(raw_props), key)
     if props.router:
         listing = parse_models(await fetcher.get_json(f"{target.url}/models", headers=headers, timeout=timeout))
         wanted = [m for m in listing if target.model in (None, m.id)]
         if target.model and not wanted:
             raise ProbeFailure(Reason.MODEL_MISMATCH, f"the router lists no model {target.model!r}")
-        polls = await asyncio.gather(*(_router_model(fetcher, target, m, headers, timeout, known) for m in wanted))
+        polls = await asyncio.gather(*(_router_model(fetcher, target, m, headers, key, timeout, known) for m in wanted))
         return ServerPoll(router=True, models=MappingProxyType(dict(zip((m.id for m in wanted), polls, strict=True))))
     if target.model and target.model not in model_names(raw_props):
         raise ProbeFailure(Reason.MODEL_MISMATCH, f"configured model {target.model!r}, server runs {props.model!r}")
@@ -232,7 +239,8 @@ async def _poll(fetcher: Fetcher, target: Target, *, timeout: float, known: Know
 
 
 async def _router_model(
-    fetcher: Fetcher, target: Target, model: RouterModel, headers: dict[str, str], timeout: float, known: KnownSlots
+    fetcher: Fetcher, target: Target, model: RouterModel, headers: dict[str, str], key: str | None, timeout: float,
+    known: KnownSlots,
 ) -> ModelPoll:
     """A loaded model's own /props and /slots, through the router; a model that is not loaded is left alone."""
     if not model.loaded:
@@ -248,12 +256,13 @@ async def _router_model(
     except ProbeFailure as failure:
         if failure.reason is Reason.NOT_LOADED:
             return ModelPoll("unloaded")  # unloaded between the listing and now
-        return ModelPoll(model.status, failure=_redacted(failure, _key(target)))
-    return ModelPoll(model.status, PollResult(_labels_redacted(props, _key(target)), slots), slots_asked=not reuse)
+        return ModelPoll(model.status, failure=_redacted(failure, key))
+    return ModelPoll(model.status, PollResult(_labels_redacted(props, key), slots), slots_asked=not reuse)
 
 
 async def _canary(
-    fetcher: Fetcher, target: Target, endpoint: Endpoint, *, tokens: int, timeout: float, model: str | None
+    fetcher: Fetcher, target: Target, endpoint: Endpoint, *, tokens: int, timeout: float, model: str | None,
+    api_key: SecretStr | None,
 ) -> Tally:
     spec = TABLE[endpoint]
     body = spec.body(tokens)
@@ -261,7 +270,7 @@ async def _canary(
     if model:
         body["model"] = model
         query = "?autoload=false"
-    url, headers = f"{target.url}{spec.path}{query}", auth_headers(target)
+    url, headers = f"{target.url}{spec.path}{query}", auth_headers(api_key)
     if spec.streaming:
         answer = await fetcher.post_events(url, body, headers=headers, timeout=timeout)
     else:

@@ -21,9 +21,9 @@ from pydantic import (
     model_validator,
 )
 
+from specwatch.apikey import checked_key, read_key_file
 from specwatch.durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
-from specwatch.probe.canary import Endpoint
-from specwatch.probe.keyfiles import KEY_FILES, checked_key
+from specwatch.endpoints import Endpoint
 from specwatch.problems import Loc, NamesItsKey, refusing_also
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
@@ -128,13 +128,14 @@ class _KeyedTargets(BaseModel):
         return check_labels(labels)
 
     # The key sources are checked by field validators, not after the model: those run even when another field
-    # (a bad URL) fails, so one message lists a missing key file too.
+    # (a bad URL) fails, so one message lists a missing key file too. The key read is dropped: the runner's KeyFiles
+    # reads the file when a probe needs it, so validating a config changes nothing outside it.
     @field_validator("api_key_file")
     @classmethod
     def _check_key_file(cls, path: Path | None) -> Path | None:
         if path is not None:
             try:
-                KEY_FILES.load(path)
+                read_key_file(path)
             except ValueError as err:
                 raise NamesItsKey(str(err)) from None
         return path
@@ -198,10 +199,8 @@ class ServerConfig(_KeyedTargets):
         return self
 
     @property
-    def api_key(self) -> SecretStr | None:
-        """The key to send: a key file's current content (re-read when it changes), or the api_key_env value."""
-        if self.api_key_file is not None:
-            return KEY_FILES.get(self.api_key_file)
+    def env_key(self) -> SecretStr | None:
+        """The api_key_env variable's value when this config was loaded; a key file is read by the runner's KeyFiles."""
         return self._env_key
 
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specwatch.probe.canary import TABLE, Endpoint
+from specwatch.endpoints import Endpoint
+from specwatch.probe.canary import TABLE
 from tests.support.wire import FakeLlama, Request
 
 
