@@ -58,7 +58,8 @@ def _records(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[_Value | _Do
     events = sse.Decoder(MAX_RECORD)
     for number, raw in lines:
         if raw is None:
-            yield from _framed(events.end())
+            for item in events.end():
+                yield _framed(item)
             yield NotAnAnswer(f"a line over {MAX_RECORD >> 20} MiB: not an answer", number)
             continue
         if number == 1 and raw.startswith(BOM):
@@ -87,9 +88,11 @@ def _records(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[_Value | _Do
                 continue
         text = raw.strip()
         if not text or text.startswith(sse.FIELDS):
-            yield from _framed(events.feed(text, number))
+            for item in events.feed(text, number):
+                yield _framed(item)
             continue
-        yield from _framed(events.end())
+        for item in events.end():  # a line of no event ends the one before it
+            yield _framed(item)
         if text[:1] in (b"{", b"["):
             try:
                 yield _Value(parse_json(text), number)
@@ -103,7 +106,8 @@ def _records(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[_Value | _Do
             yield _Value(parse_json(text), number)  # a JSON string or number: JSON, though no answer
         except NotJSON:
             yield NotAnAnswer("not JSON, nor a server-sent event's data: line", number)
-    yield from _framed(events.end())
+    for item in events.end():
+        yield _framed(item)
     if document is not None:
         try:
             yield _Value(parse_json(b"".join(document)), start)
@@ -111,22 +115,20 @@ def _records(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[_Value | _Do
             yield NotAnAnswer(f"not JSON ({first_error}), nor the start of a document that closes", start)
 
 
-def _framed(items: tuple[sse.Item, ...]) -> Iterator[_Value | _Done | NotAnAnswer]:
-    """The audit's reading of a transcript's items: an error, or data that is not JSON, is a line that is not an answer."""
-    for item in items:
-        if isinstance(item, sse.StreamError):
-            yield NotAnAnswer(f"a stream error: {item.text[:200]}", item.line)
-        elif isinstance(item, sse.TooLarge):
-            yield NotAnAnswer(f"an event over {MAX_RECORD >> 20} MiB: not an answer", item.line)
-        elif item.done:
-            yield _Done(item.line)
-        else:
-            try:
-                yield _Value(parse_json(item.data), item.line)
-            except NotJSON as err:
-                what = ("a data: line that is not JSON" if item.lines == 1 else
-                        f"an event of {item.lines} data: lines (no blank line between them) that is not JSON once joined")
-                yield NotAnAnswer(f"{what} ({err.why})", item.line)
+def _framed(item: sse.Item) -> _Value | _Done | NotAnAnswer:
+    """The audit's reading of a transcript's item: an error, or data that is not JSON, is a line that is not an answer."""
+    if isinstance(item, sse.Event):
+        if item.done:
+            return _Done(item.line)
+        try:
+            return _Value(parse_json(item.data), item.line)
+        except NotJSON as err:
+            what = ("a data: line that is not JSON" if item.lines == 1 else
+                    f"an event of {item.lines} data: lines (no blank line between them) that is not JSON once joined")
+            return NotAnAnswer(f"{what} ({err.why})", item.line)
+    if isinstance(item, sse.StreamError):
+        return NotAnAnswer(f"a stream error: {item.text[:200]}", item.line)
+    return NotAnAnswer(f"an event over {MAX_RECORD >> 20} MiB: not an answer", item.line)
 
 
 def read_answers(stream: IO[bytes]) -> Iterator[Outcome]:

@@ -320,11 +320,11 @@ def _take(items: tuple[sse.Item, ...], events: list[Any]) -> bool:
 
 def _payload(item: sse.Item) -> Any:
     """The live canary's reading of a stream's item: an error, sent as a line or as an event, is the server's failure."""
+    if isinstance(item, sse.Event):
+        event = parse_json(item.data)
+        if isinstance(event, dict) and "error" in event:
+            raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {str(event['error'])[:200]}")
+        return event
     if isinstance(item, sse.StreamError):
         raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {item.text[:200]}")
-    if isinstance(item, sse.TooLarge):
-        raise ProbeFailure(Reason.BODY_TOO_LARGE, f"an event exceeds the {item.cap}-byte cap")
-    event = parse_json(item.data)
-    if isinstance(event, dict) and "error" in event:
-        raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {str(event['error'])[:200]}")
-    return event
+    raise ProbeFailure(Reason.BODY_TOO_LARGE, f"an event exceeds the {item.cap}-byte cap")
