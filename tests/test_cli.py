@@ -124,7 +124,7 @@ def test_usage_errors_exit_64_never_2(args: tuple[str, ...]) -> None:
 @pytest.mark.real
 @pytest.mark.parametrize(("args", "message"), [
     (("check", "127.0.0.1:8080"), "'127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
-    (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
+    (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080/v1' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
     (("check", "http://h:1", "--api-key-file", "/nonexistent/key"),
      "api_key_file '/nonexistent/key' cannot be read: No such file or directory"),
     (("check", "http://h:1", "--api-key-env", "SPECWATCH_TEST_UNSET_KEY"),
