@@ -53,6 +53,20 @@ def test_check_config_prints_servers_without_keys(tmp_path: Path) -> None:
     assert "sk-never-print-me" not in result.stdout + result.stderr
 
 
+@pytest.mark.usefixtures("restored_logging")
+def test_check_config_prints_the_labels_a_gate_selects_by(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://h:1', labels: {zone: eu-1, pool: eval}}\n"
+                      "  - {name: b, url: 'http://h:2', model: m.gguf, labels: {team: 'ml eval'}}\n"
+                      "  - {name: c, url: 'http://h:3'}\n")
+    assert main(["run", "--config", str(config), "--check-config"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  a: http://h:1 (no api key, labels pool=eval zone=eu-1)",  # as `check --exporter URL --label pool=eval` takes them
+        "  b: http://h:2 (no api key, model m.gguf, labels 'team=ml eval')",
+        "  c: http://h:3 (no api key)",
+    ]
+
+
 @pytest.mark.real
 def test_check_config_refuses_a_bad_config_listing_every_problem(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
