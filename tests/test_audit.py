@@ -132,8 +132,7 @@ async def test_the_audit_of_a_canary_answer_counts_what_the_canary_counted(endpo
 
 
 def _with_lone_surrogate(value: Any) -> Any:
-    """The answer with a lone surrogate ending each of its texts, as a server that split a character between tokens
-    may send it (JSON allows it; orjson refuses it)."""
+    """The answer with a lone surrogate ending each text, as a server that split a character may send (orjson refuses)."""
     if isinstance(value, dict):
         return {k: v + "\ud800" if k in ("content", "text", "token") and isinstance(v, str) and v
                 else _with_lone_surrogate(v)

@@ -102,7 +102,7 @@ class Decoder:
                 return (*self._dispatch(), StreamError(line[6:].strip().decode("utf-8", "replace"), number))
             if not line.startswith(b"data:"):
                 return ()
-        value = (line[6:] if line[5:6] == b" " else line[5:]).rstrip()
+        value = (line[6:] if line.startswith(b"data: ") else line[5:]).rstrip()
         data = self._data
         if not data and not self._over:
             self._line = number
@@ -119,14 +119,14 @@ class Decoder:
         return self._dispatch()
 
     def _dispatch(self) -> tuple[Item, ...]:
+        parts = self._data
         if self._over:
             item: Item = TooLarge(self.max_bytes, self._line)
-        elif not self._data:
+            self._over = False
+        elif not parts:
             return ()
         else:
-            parts = self._data
             item = Event(parts[0] if len(parts) == 1 else b"\n".join(parts), self._line, len(parts))
-        self._data = []
+            parts.clear()
         self._size = 0
-        self._over = False
         return (item,)
