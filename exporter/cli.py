@@ -276,10 +276,15 @@ def _run(args: argparse.Namespace) -> int:
         for source in sources:
             state = "read" if source.ok else "REFUSED (see above; its targets are not watched)"
             print(f"  {source.source}: {source.targets} target(s), {state}")
+        import shlex
+
         for server in servers:
             key = "api key from file" if server.api_key_file else "api key from env" if server.api_key_env else "no api key"
             model = f", model {server.model}" if server.model else ""
-            print(f"  {server.name}: {server.url} ({key}{model})")
+            # As `check --exporter --label` selects by them, quoted for a shell where a value needs it.
+            selectors = " ".join(shlex.quote(f"{name}={value}") for name, value in sorted(server.labels.items()))
+            labels = f", labels {selectors}" if selectors else ""
+            print(f"  {server.name}: {server.url} ({key}{model}{labels})")
         return 0
     logs.configure(args.log_level, json=None if args.log_format is None else args.log_format == "json")
     log = structlog.get_logger("specwatch")

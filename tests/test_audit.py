@@ -10,10 +10,12 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,6 +131,82 @@ async def test_the_audit_of_a_canary_answer_counts_what_the_canary_counted(endpo
                                                                          canary.judged_tokens)
 
 
+def _with_lone_surrogate(value: Any) -> Any:
+    """The answer with a lone surrogate ending each text, as a server that split a character may send (orjson refuses)."""
+    if isinstance(value, dict):
+        return {k: v + "\ud800" if k in ("content", "text", "token") and isinstance(v, str) and v
+                else _with_lone_surrogate(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_lone_surrogate(v) for v in value]
+    return value
+
+
+def _reframed(body: bytes, endpoint: Endpoint, change: Callable[[Any], bytes]) -> bytes:
+    """The body with each JSON value (each event's, in a stream) written anew by `change`, as `data:` lines."""
+    if not TABLE[endpoint].streaming:
+        return change(json.loads(body))
+    done = b"data: [DONE]\n\n" if b"[DONE]" in body else b""
+    return b"".join(b"".join(b"data: " + line + b"\n" for line in change(e).split(b"\n")) + b"\n" for e in events(body)) + done
+
+
+async def _canary_and_audit(fake: FakeLlama, endpoint: Endpoint, served: Callable[[bytes], bytes],
+                            tmp_path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What the canary counted of `served(answer)` and what `specwatch audit` counted of the same bytes."""
+    bodies: list[bytes] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        response = fake(request)
+        body = served(response.content) if request.method == "POST" else response.content
+        bodies.append(body)
+        return httpx.Response(response.status_code, headers={"Content-Type": response.headers["content-type"]}, content=body)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+        canary = await probes.canary(Fetcher(client, 1 << 22), ServerConfig(name="a", url="http://a:8080"), endpoint,
+                                     tokens=24, timeout=5)
+    counted = audited(tmp_path, bodies[-1])
+    assert (counted["answers"], counted["not_answers"]) == (1, 0), counted["problems"]
+    return ((canary.tokens, canary.fill_ins, canary.judged_tokens, int(bool(canary.draft_n))),
+            (counted["tokens"], counted["fill_ins"], counted["judged_tokens"], counted["drafted"]))
+
+
+def _orjson_refuses(value: bytes) -> bool:
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+async def test_an_answer_with_a_lone_surrogate_is_judged_alike_by_the_canary_and_the_audit(endpoint: Endpoint,
+                                                                                            tmp_path: Path) -> None:
+    def lone(body: bytes) -> bytes:
+        changed = _reframed(body, endpoint, lambda value: json.dumps(_with_lone_surrogate(value)).encode())
+        values = [line[6:] for line in changed.splitlines() if line.startswith(b"data: {")] or [changed]
+        assert sum(map(_orjson_refuses, values)) >= len(values) - 2  # all but a stream's first and last: no text
+        return changed
+
+    canary, audit_ = await _canary_and_audit(FakeLlama.draft(tokens=24), endpoint, lone, tmp_path)
+    assert canary == audit_ == (24, 23, 23, 1)
+
+
+@pytest.mark.parametrize("endpoint", [e for e in Endpoint if TABLE[e].streaming])
+@pytest.mark.parametrize("framing", ["multi-line data", "crlf, comments and fields", "no blank line at the end"])
+async def test_a_stream_framed_any_way_sse_allows_is_judged_alike_by_the_canary_and_the_audit(
+        endpoint: Endpoint, framing: str, tmp_path: Path) -> None:
+    def framed(body: bytes) -> bytes:
+        if framing == "multi-line data":  # each event's JSON across several data: lines, joined with line feeds
+            return _reframed(body, endpoint, lambda value: json.dumps(value, indent=1).encode())
+        if framing == "crlf, comments and fields":
+            return b": ping\r\nevent: message\r\nid: 1\r\nretry: 100\r\n" + body.replace(b"\n", b"\r\n")
+        return body.replace(b"data: [DONE]\n\n", b"").rstrip(b"\n")
+
+    ngram = FakeLlama(speculative=True, fill_ins={4, 5, 9, 17}, drafts=9, tokens=24)
+    canary, audit_ = await _canary_and_audit(ngram, endpoint, framed, tmp_path)
+    assert canary == audit_ and canary[:3] == (24, 4, 23)
+
+
 # Exit codes and what each file line says.
 
 @pytest.mark.parametrize("endpoint", list(Endpoint))
@@ -168,6 +246,10 @@ def test_fill_ins_win_over_what_cannot_be_judged_and_over_unreadable_files(tmp_p
     (b'{"error": {"code": 503, "message": "Loading model"}}\n', "line 1: not an answer: an error answer, not a completion: Loading model"),
     (b"hello\n", "line 1: not JSON, nor a server-sent event's data: line"),
     (b"data: {oops\n", "line 1: not an answer: a data: line that is not JSON"),
+    (b'\n\ndata: {"a": 1}\ndata: {"b": 2}\n\n', "line 3: not an answer: an event of 2 data: lines (no blank line between "
+                                              "them) that is not JSON once joined (Extra data: line 2 column 1"),
+    (b'data: {"choices": []}\nerror: {"message": "slot crashed"}\n\n',
+     'line 2: not an answer: a stream error: {"message": "slot crashed"}'),
     (b"[[1]]\n", "line 1: not an answer: a list inside a list"),
     (b'"text"\n', "line 1: not an answer: a JSON str, not an object"),
 ])

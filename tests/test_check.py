@@ -179,7 +179,7 @@ async def test_one_server_behind_a_balancer_shows_no_sign() -> None:
     ({"media_marker": "<__media_restarted__>"}, "/props changed between requests"),
     ({"build_info": "b11500-abc"}, "/props changed between requests"),
     ({"model_alias": "other.gguf"}, "/props changed between requests"),
-    ({"total_slots": 4}, "/props changed between requests"),
+    ({"total_slots": 4}, "/props changed between requests (build b0-unknown, model tiny.gguf, 1 slot, marker <__media_"),
 ])
 async def test_props_that_change_between_requests_are_a_sign(change: dict, sign: str) -> None:
     changed = FakeLlama.plain(**change)

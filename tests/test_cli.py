@@ -53,6 +53,20 @@ def test_check_config_prints_servers_without_keys(tmp_path: Path) -> None:
     assert "sk-never-print-me" not in result.stdout + result.stderr
 
 
+@pytest.mark.usefixtures("restored_logging")
+def test_check_config_prints_the_labels_a_gate_selects_by(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://h:1', labels: {zone: eu-1, pool: eval}}\n"
+                      "  - {name: b, url: 'http://h:2', model: m.gguf, labels: {team: 'ml eval'}}\n"
+                      "  - {name: c, url: 'http://h:3'}\n")
+    assert main(["run", "--config", str(config), "--check-config"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  a: http://h:1 (no api key, labels pool=eval zone=eu-1)",  # as `check --exporter URL --label pool=eval` takes them
+        "  b: http://h:2 (no api key, model m.gguf, labels 'team=ml eval')",
+        "  c: http://h:3 (no api key)",
+    ]
+
+
 @pytest.mark.real
 def test_check_config_refuses_a_bad_config_listing_every_problem(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
@@ -124,7 +138,7 @@ def test_usage_errors_exit_64_never_2(args: tuple[str, ...]) -> None:
 @pytest.mark.real
 @pytest.mark.parametrize(("args", "message"), [
     (("check", "127.0.0.1:8080"), "'127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
-    (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
+    (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080/v1' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
     (("check", "http://h:1", "--api-key-file", "/nonexistent/key"),
      "api_key_file '/nonexistent/key' cannot be read: No such file or directory"),
     (("check", "http://h:1", "--api-key-env", "SPECWATCH_TEST_UNSET_KEY"),

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
+import structlog.testing
 from prometheus_client import CollectorRegistry, generate_latest
 
 from specwatch.daemon.exposition import samples
@@ -227,3 +228,86 @@ def test_the_text_format_is_served_to_every_scraper_that_accepts_it(accept: str 
     finally:
         app.stop()
     assert bool(collected) is openmetrics
+
+
+def _fails_once(group: samples.Group, failures: list[int]) -> samples.Group:
+    """The group, raising at its first use: a render that fails half-way, its memos half brought up to date."""
+    def build(out, server) -> None:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("injected fault in " + group.samples.__name__)
+        group.samples(out, server)
+
+    return replace(group, samples=build)
+
+
+def _errors_total(body: str) -> float:
+    (value,) = [line.split()[-1] for line in body.splitlines() if line.startswith("specwatch_exposition_errors_total ")]
+    return float(value)
+
+
+async def test_a_scrape_whose_render_fails_is_answered_500_logged_counted_and_the_next_one_is_whole(make_watcher,
+                                                                                                   monkeypatch) -> None:
+    fakes = {"a": FakeLlama.plain(tokens=8), "b": FakeLlama.draft(tokens=8)}
+    watcher = make_watcher(fakes, canary_tokens=8)
+    await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
+    exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    failures: list[int] = []
+    faulty = tuple(_fails_once(g, failures) if g.samples is samples.canary_samples else g for g in samples.GROUPS)
+    monkeypatch.setattr("specwatch.daemon.exposition.text.GROUPS", faulty)
+    app = WebApp(exposition.scrape, page=lambda: "", reload=lambda: None)
+    host, port = app.start("127.0.0.1", 0)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            failed = httpx.get(f"http://{host}:{port}/metrics")
+            good = httpx.get(f"http://{host}:{port}/metrics")
+    finally:
+        app.stop()
+    assert (failed.status_code, failed.text) == (500, "error collecting metrics: RuntimeError\n")
+    assert [e for e in logs if e["event"] == "metrics_render_failed"] == [{
+        "event": "metrics_render_failed", "log_level": "error", "during": "scrape",
+        "error": "RuntimeError: injected fault in canary_samples", "exposition_errors_total": 1}]
+    assert good.status_code == 200 and _errors_total(good.text) == 1
+    # Every line, the failed group's included: nothing half-made is served as current.
+    fleet = good.text[: good.text.index("# HELP process_")].encode()
+    assert fleet == _registry_text(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, exposition_errors=1))
+
+
+async def test_a_failing_background_preparation_is_counted_logged_once_and_scrapes_still_work(make_watcher,
+                                                                                              monkeypatch) -> None:
+    import threading
+    import time
+
+    watcher = make_watcher({"a": FakeLlama.plain(tokens=8)}, canary_tokens=8)
+    await watcher.poll("a")
+    exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
+    snapshot = watcher.fleet.snapshot
+    broken = threading.Event()
+    broken.set()
+
+    def in_the_background_broken():
+        if broken.is_set() and threading.current_thread().name == "specwatch-metrics":
+            raise KeyError("injected fault in the fleet's snapshot")
+        return snapshot()
+
+    monkeypatch.setattr(watcher.fleet, "snapshot", in_the_background_broken)
+    monkeypatch.setattr("specwatch.daemon.exposition.serve.PREPARE_SECONDS", 0.01)
+
+    def errors_total() -> float:
+        return _errors_total(exposition.scrape(None, None).body.decode())
+
+    with structlog.testing.capture_logs() as logs:
+        assert errors_total() == 0  # the first scrape starts the background preparation
+        deadline = time.monotonic() + 10
+        while errors_total() < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        broken.clear()
+        time.sleep(0.05)  # a preparation that met the fault just before has counted it
+        counted = errors_total()
+        time.sleep(0.1)
+        after = exposition.scrape(None, None).body.decode()
+    assert counted >= 5 and _errors_total(after) == counted, "failures stop being counted once it prepares again"
+    assert [e for e in logs if e["event"] == "metrics_render_failed"] == [{
+        "event": "metrics_render_failed", "log_level": "error", "during": "prepare",
+        "error": "KeyError: \"injected fault in the fleet's snapshot\"", "exposition_errors_total": 1}]
+    assert 'specwatch_up{server="a"} 1.0' in after

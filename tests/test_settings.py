@@ -82,11 +82,19 @@ BAD_CONFIGS = [
     ("servers:\n  - {name: a, url: 'localhost:8080'}\n",
      "servers[0] (a).url: 'localhost:8080' has no scheme: add http:// (or https://), e.g. 'http://localhost:8080'"),
     ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1'}\n",
-     "servers[0] (a).url: 'http://10.0.0.5:8080' ends in /v1: give the server's root (http://10.0.0.5:8080); specwatch "
+     "servers[0] (a).url: 'http://10.0.0.5:8080/v1' ends in /v1: give the server's root (http://10.0.0.5:8080); specwatch "
      "calls /props, /slots, /completion, /v1/completions and /v1/chat/completions itself"),
     ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1/chat/completions'}\n",
-     "servers[0] (a).url: 'http://10.0.0.5:8080' ends in /v1/chat/completions: give the server's root "
+     "servers[0] (a).url: 'http://10.0.0.5:8080/v1/chat/completions' ends in /v1/chat/completions: give the server's root "
      "(http://10.0.0.5:8080); specwatch calls /props, /slots, /completion, /v1/completions and /v1/chat/completions itself"),
+    # A path of its own may carry a key: it is left out of the message.
+    ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/gw/sk-in-path/v1/'}\n",
+     "servers[0] (a).url: 'http://10.0.0.5:8080/.../v1' ends in /v1: give the server's root (the URL without its /v1 "
+     "ending); specwatch calls /props, /slots, /completion, /v1/completions and /v1/chat/completions itself"),
+    ("servers:\n  - {name: a, url: '10.0.0.5:8080/v1'}\n",
+     "servers[0] (a).url: '10.0.0.5:8080/v1' has no scheme: add http:// (or https://), e.g. 'http://10.0.0.5:8080'"),
+    ("servers:\n  - {name: a, url: '10.0.0.5:8080/gw?key=sk-in-query'}\n",
+     "servers[0] (a).url: '10.0.0.5:8080' has no scheme: add http:// (or https://), e.g. 'http://10.0.0.5:8080'"),
     ("servers:\n  - {name: a, url: 'http://h:1', labels: {__x: y}}\n",
      "servers[0] (a).labels: label name(s) ['__x'] start with '__', which Prometheus reserves for its own labels"),
     ("servers:\n  - {name: a, url: 'http://h:1', api_key_file: /nonexistent/key, api_key_env: HOME}\n",

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
-import orjson
-
 from specwatch.gate.received import Answers, NotAnAnswer, Outcome, Status
+from specwatch.probe import sse
+from specwatch.probe.sse import NotJSON, parse_json
 
 MAX_RECORD = 64 << 20
 """Bytes in one line, or one multi-line JSON document, at most: 512 tokens with 20 alternatives each are about 1 MB."""
@@ -45,17 +45,21 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
 
 
 def _records(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[_Value | _Done | NotAnAnswer]:
-    """Each line a JSON value, a `data:` line of a transcript, or part of one pretty-printed JSON document.
+    """Each line a JSON value, a line of a server-sent event, or part of one pretty-printed JSON document.
 
     A document starts with `{` or `[` at the start of a line that is not JSON by itself, and ends at a line starting
     with `}` or `]` where the lines so far parse; a line starting with `{`, `[` or `data:` before that means it never did.
+    An event ends at a blank line, or at the next line that is not part of one.
     """
     document: list[bytes] | None = None
     start = size = 0
     first_error = ""
     skipping = False
+    events = sse.Decoder(MAX_RECORD)
     for number, raw in lines:
         if raw is None:
+            for item in events.end():
+                yield _framed(item)
             yield NotAnAnswer(f"a line over {MAX_RECORD >> 20} MiB: not an answer", number)
             continue
         if number == 1 and raw.startswith(BOM):
@@ -76,48 +80,55 @@ def _records(lines: Iterable[tuple[int, bytes | None]]) -> Iterator[_Value | _Do
                     document, skipping = None, True
                 elif raw[:1] in (b"}", b"]"):
                     try:
-                        value = orjson.loads(b"".join(document))
-                    except orjson.JSONDecodeError:
+                        value = parse_json(b"".join(document))
+                    except NotJSON:
                         continue
                     document = None
                     yield _Value(value, start)
                 continue
         text = raw.strip()
-        if not text:
+        if not text or text.startswith(sse.FIELDS):
+            for item in events.feed(text, number):
+                yield _framed(item)
             continue
-        if text.startswith(b"data:"):
-            payload = text[5:].strip()
-            if payload == b"[DONE]":
-                yield _Done(number)
-                continue
-            try:
-                yield _Value(orjson.loads(payload), number)
-            except orjson.JSONDecodeError as err:
-                yield NotAnAnswer(f"a data: line that is not JSON ({err})", number)
-            continue
+        for item in events.end():  # a line of no event ends the one before it
+            yield _framed(item)
         if text[:1] in (b"{", b"["):
             try:
-                yield _Value(orjson.loads(text), number)
-            except orjson.JSONDecodeError as err:
+                yield _Value(parse_json(text), number)
+            except NotJSON as err:
                 if raw[:1] in (b"{", b"["):
-                    document, start, size, first_error = [raw], number, len(raw), str(err)
+                    document, start, size, first_error = [raw], number, len(raw), err.why
                 else:
-                    yield NotAnAnswer(f"not JSON ({err})", number)
-            continue
-        if text.startswith((b"event:", b"id:", b"retry:", b":")):
-            continue  # the other fields of a server-sent event
-        if text.startswith(b"error:"):
-            yield NotAnAnswer(f"a stream error: {text[6:].strip()[:200].decode(errors='replace')}", number)
+                    yield NotAnAnswer(f"not JSON ({err.why})", number)
             continue
         try:
-            yield _Value(orjson.loads(text), number)  # a JSON string or number: JSON, though no answer
-        except orjson.JSONDecodeError:
+            yield _Value(parse_json(text), number)  # a JSON string or number: JSON, though no answer
+        except NotJSON:
             yield NotAnAnswer("not JSON, nor a server-sent event's data: line", number)
+    for item in events.end():
+        yield _framed(item)
     if document is not None:
         try:
-            yield _Value(orjson.loads(b"".join(document)), start)
-        except orjson.JSONDecodeError:
+            yield _Value(parse_json(b"".join(document)), start)
+        except NotJSON:
             yield NotAnAnswer(f"not JSON ({first_error}), nor the start of a document that closes", start)
+
+
+def _framed(item: sse.Item) -> _Value | _Done | NotAnAnswer:
+    """The audit's reading of a transcript's item: an error, or data that is not JSON, is a line that is not an answer."""
+    if isinstance(item, sse.Event):
+        if item.done:
+            return _Done(item.line)
+        try:
+            return _Value(parse_json(item.data), item.line)
+        except NotJSON as err:
+            what = ("a data: line that is not JSON" if item.lines == 1 else
+                    f"an event of {item.lines} data: lines (no blank line between them) that is not JSON once joined")
+            return NotAnAnswer(f"{what} ({err.why})", item.line)
+    if isinstance(item, sse.StreamError):
+        return NotAnAnswer(f"a stream error: {item.text[:200]}", item.line)
+    return NotAnAnswer(f"an event over {MAX_RECORD >> 20} MiB: not an answer", item.line)
 
 
 def read_answers(stream: IO[bytes]) -> Iterator[Outcome]:

@@ -16,7 +16,8 @@ HINT = ("a load balancer may send each request to another replica, so no canary 
 
 def _describe(props: Props) -> str:
     marker = props.media_marker or "?"
-    return f"build {props.build or '?'}, model {props.model or '?'}, {props.total_slots} slots, marker {marker}"
+    slots = "? slots" if props.total_slots is None else f"{props.total_slots} slot{'' if props.total_slots == 1 else 's'}"
+    return f"build {props.build or '?'}, model {props.model or '?'}, {slots}, marker {marker}"
 
 
 def _answer_signs(first: PollResult, tallies: Iterable[Tally]) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import socket
 import ssl
 import time
@@ -13,10 +12,11 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
-import orjson
 
 from specwatch.probe import client as pools
+from specwatch.probe import sse
 from specwatch.probe.client import PerServerTransport
+from specwatch.probe.sse import parse_json
 from specwatch.reasons import ProbeFailure, Reason
 
 T = TypeVar("T")
@@ -96,32 +96,6 @@ def _status_reason(status: int) -> Reason | None:
     if status >= 500:
         return Reason.SERVER_ERROR
     return Reason.CLIENT_ERROR
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _parse_strict(body: bytes) -> Any:
-    try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as err:
-        snippet = body[:60].decode("utf-8", "replace")
-        raise ProbeFailure(Reason.INVALID_JSON, f"not JSON ({err.__class__.__name__}): {snippet!r}") from None
-
-
-def parse_json(body: bytes) -> Any:
-    """Strict JSON: NaN and Infinity, which Python would accept, are refused.
-
-    orjson reads a 48-token canary answer three to five times faster than the json module. It refuses some
-    things json reads (lone surrogates, UTF-16, integers beyond any float): those go to the json module, so
-    what is accepted is the same; an integer beyond 64 bits comes back as a float, which every reader of an
-    integer field refuses just as it refused the int.
-    """
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return _parse_strict(body)
 
 
 _detached: set[asyncio.Future[Any]] = set()
@@ -326,38 +300,31 @@ class Fetcher:
     async def _post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
         deadline = asyncio.get_running_loop().time() + timeout
         events: list[Any] = []
+        decoder = sse.Decoder(self.max_bytes)
         async with self._open("POST", url, headers=headers, timeout=timeout, deadline=deadline, body=body) as response:
-            async for raw in self._capped_lines(response, deadline, timeout):
-                # Most lines are "data: {json}" or blank: bytes are read as they came; anything else takes the text path.
-                if raw.startswith(b"data: {") and raw.endswith(b"}"):
-                    try:
-                        event = orjson.loads(raw[6:])
-                    except orjson.JSONDecodeError:
-                        event = _event(raw.decode("utf-8", "replace"))
-                elif not raw:
-                    continue
-                else:
-                    event = _event(raw.decode("utf-8", "replace"))
-                    if event is _DONE:
-                        break
-                    if event is _SKIP:
-                        continue
-                if isinstance(event, dict) and "error" in event:
-                    raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {str(event['error'])[:200]}")
-                events.append(event)
+            async for line in self._capped_lines(response, deadline, timeout):
+                if _take(decoder.feed(line), events):
+                    return events
+        _take(decoder.end(), events)
         return events
 
 
-_DONE, _SKIP = object(), object()
+def _take(items: tuple[sse.Item, ...], events: list[Any]) -> bool:
+    """Each event's payload appended to `events`; True at `[DONE]`, the end of the stream."""
+    for item in items:
+        if isinstance(item, sse.Event) and item.done:
+            return True
+        events.append(_payload(item))
+    return False
 
 
-def _event(line: str) -> Any:
-    """One server-sent-event line as text: its JSON payload, _DONE at the end marker, _SKIP for lines of no data."""
-    if not line.startswith("data:"):
-        if line.startswith("error:"):
-            raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {line[6:][:200].strip()}")
-        return _SKIP
-    payload = line[5:].strip()
-    if payload == "[DONE]":
-        return _DONE
-    return parse_json(payload.encode())
+def _payload(item: sse.Item) -> Any:
+    """The live canary's reading of a stream's item: an error, sent as a line or as an event, is the server's failure."""
+    if isinstance(item, sse.Event):
+        event = parse_json(item.data)
+        if isinstance(event, dict) and "error" in event:
+            raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {str(event['error'])[:200]}")
+        return event
+    if isinstance(item, sse.StreamError):
+        raise ProbeFailure(Reason.SERVER_ERROR, f"stream error: {item.text[:200]}")
+    raise ProbeFailure(Reason.BODY_TOO_LARGE, f"an event exceeds the {item.cap}-byte cap")

@@ -79,6 +79,17 @@ def _server_root(url: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
+def _as_given(url: str) -> str:
+    """The URL as given, for an error; a path other than an endpoint's (it may carry a key) is shown as /...."""
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return _server_root(url)
+    path = parts.path.rstrip("/")
+    if not path or path in _ENDPOINT_SUFFIXES:
+        return url
+    return _server_root(url) + "/..." + next((s for s in _ENDPOINT_SUFFIXES if path.endswith(s)), "")
+
+
 def checked_key_env(name: str | None, info: ValidationInfo) -> str | None:
     """An api_key_env that names a set, usable variable, and comes without api_key_file."""
     if name is None:
@@ -158,13 +169,14 @@ class ServerConfig(_KeyedTargets):
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:
-        # Errors name only scheme, host and port: a pasted URL may carry a key in its path, query or userinfo.
+        # Errors quote the URL as given, but for what may carry a key: a path of its own, a query, userinfo.
         text = url.strip()
         if "://" not in text:
             guess = urlsplit(f"http://{text}")
             if guess.hostname and not (guess.username or guess.password):
                 bare = _server_root(f"http://{text}").removeprefix("http://")
-                raise ValueError(f"{bare!r} has no scheme: add http:// (or https://), e.g. 'http://{bare}'")
+                given = _as_given(f"http://{text}").removeprefix("http://")
+                raise ValueError(f"{given!r} has no scheme: add http:// (or https://), e.g. 'http://{bare}'")
             raise ValueError("not a URL: use http://HOST:PORT, e.g. 'http://10.0.0.5:8080'")
         parts = urlsplit(text)
         shown = f"{parts.scheme}://{parts.hostname or ''}"
@@ -187,7 +199,7 @@ class ServerConfig(_KeyedTargets):
         if ending is not None:
             root = _server_root(text) if path == ending else f"the URL without its {ending} ending"
             raise ValueError(
-                f"{_server_root(text)!r} ends in {ending}: give the server's root ({root}); specwatch calls "
+                f"{_as_given(text)!r} ends in {ending}: give the server's root ({root}); specwatch calls "
                 "/props, /slots, /completion, /v1/completions and /v1/chat/completions itself"
             )
         return text.rstrip("/")

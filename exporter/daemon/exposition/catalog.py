@@ -83,6 +83,8 @@ EXPORTER: tuple[Family, ...] = (
            "1 when the last configuration load or reload succeeded, else 0."),
     Family("specwatch_config_last_reload_success_timestamp_seconds", "gauge", (),
            "Unix time of the last successful configuration load or reload."),
+    Family("specwatch_exposition_errors", "counter", (),
+           "Renders of /metrics that failed, at a scrape (answered 500) or in the background; the log says why."),
     Family("specwatch_discovery_targets", "gauge", ("source",), "Servers a discovery source (file_sd, http_sd) gives now."),
     Family("specwatch_discovery_refresh_successful", "gauge", ("source",),
            "1 when the source's last refresh was accepted; 0 when a file or answer was refused (its old targets stay)."),

@@ -35,6 +35,8 @@ class ExporterStatus:
     configured_servers: int | None = None
     """Servers in the config, static and discovered, before sharding; None: the ones watched."""
     discovery: tuple[SourceStatus, ...] = ()
+    exposition_errors: int = 0
+    """Renders of /metrics that failed so far (the Exposition counts them)."""
 
 
 # Durations to a tenth of a millisecond and times to the millisecond: the digits beyond are noise, and these values
@@ -156,6 +158,7 @@ def exporter_samples(out: Sink, status: ExporterStatus, servers: int) -> None:
     out.add("specwatch_config_last_reload_successful", NONE, 1 if status.reload_successful else 0)
     if status.last_reload_success_timestamp is not None:
         out.add("specwatch_config_last_reload_success_timestamp_seconds", NONE, status.last_reload_success_timestamp)
+    out.add("specwatch_exposition_errors", NONE, status.exposition_errors)
     for source in status.discovery:
         where = (("source", source.source),)
         out.add("specwatch_discovery_targets", where, source.targets)

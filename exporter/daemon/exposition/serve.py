@@ -9,8 +9,9 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import structlog
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
@@ -24,6 +25,8 @@ GZIP_LEVEL = 1
 """Text metrics shrink about fifteenfold even at the fastest level, which keeps a large fleet's scrape cheap."""
 TEXT_FORMAT = CONTENT_TYPE_PLAIN_0_0_4
 PREPARE_SECONDS = 1.0
+
+log = structlog.get_logger("specwatch")
 
 
 def _weights(header: str | None) -> dict[str, float]:
@@ -104,12 +107,42 @@ class _Delegate:
         return self._registry.collect()
 
 
+class _Failures:
+    """Renders of /metrics that failed: each counted and logged, though the background's same error only once in a row."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self._repeating: str | None = None
+        """The error the background preparation last logged, while it keeps failing with it (every second)."""
+
+    def failed(self, err: Exception, during: str) -> None:
+        error = f"{err.__class__.__name__}: {str(err)[:200]}"
+        with self._lock:
+            self.count += 1
+            count = self.count
+            again = during == "prepare" and error == self._repeating
+            if during == "prepare":
+                self._repeating = error
+        if not again:
+            log.error("metrics_render_failed", during=during, error=error, exposition_errors_total=count)
+
+    def prepared(self) -> None:
+        self._repeating = None
+
+
 class Exposition:
     """What /metrics serves: specwatch's families and the process' own, in the format the scraper asks for."""
 
     def __init__(self, fleet: Fleet, status: Callable[[], ExporterStatus]) -> None:
-        self.renderer = TextRenderer(fleet, status)
-        self.collector = SpecwatchCollector(fleet, status)
+        failures = self._failures = _Failures()
+
+        def counted() -> ExporterStatus:
+            return replace(status(), exposition_errors=failures.count)
+
+        # Each render's status carries the failures so far: they are exported as the rest of the exporter's own state.
+        self.renderer = TextRenderer(fleet, counted)
+        self.collector = SpecwatchCollector(fleet, counted)
         self._process = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self._process)
         PlatformCollector(registry=self._process)
@@ -122,8 +155,15 @@ class Exposition:
         """The fleet's text compressed: the scrapes of one preparation compress it once."""
 
     def scrape(self, accept: str | None = None, accept_encoding: str | None = None) -> Scrape:
-        """The answer to a scrape with these Accept and Accept-Encoding headers."""
+        """The answer to a scrape with these Accept and Accept-Encoding headers; a failure is counted, logged and raised."""
         self._prepare_in_background()
+        try:
+            return self._scrape(accept, accept_encoding)
+        except Exception as err:
+            self._failures.failed(err, "scrape")
+            raise
+
+    def _scrape(self, accept: str | None, accept_encoding: str | None) -> Scrape:
         gzipped = accepts_gzip(accept_encoding)
         if not accepts_text_format(accept):
             encoder, content_type = choose_encoder(accept or "")
@@ -151,12 +191,13 @@ class Exposition:
         with self._starting:  # two first scrapes at once start one thread
             if self._preparing is None:
                 self._preparing = threading.Thread(
-                    target=_prepare_forever, args=(weakref.ref(self.renderer),), name="specwatch-metrics", daemon=True
+                    target=_prepare_forever, args=(weakref.ref(self.renderer), self._failures), name="specwatch-metrics",
+                    daemon=True,
                 )
                 self._preparing.start()
 
 
-def _prepare_forever(renderer: weakref.ReferenceType[TextRenderer]) -> None:
+def _prepare_forever(renderer: weakref.ReferenceType[TextRenderer], failures: _Failures) -> None:
     """Prepare the renderer's text every PREPARE_SECONDS while it exists (a weak reference: it is not kept)."""
     while True:
         time.sleep(PREPARE_SECONDS)
@@ -165,6 +206,8 @@ def _prepare_forever(renderer: weakref.ReferenceType[TextRenderer]) -> None:
             return
         try:
             found.prepare()
-        except Exception:  # noqa: BLE001 - a scrape renders again and reports the error itself
-            pass
+        except Exception as err:  # noqa: BLE001 - the thread lives on; the next scrape renders afresh
+            failures.failed(err, "prepare")
+        else:
+            failures.prepared()
         del found

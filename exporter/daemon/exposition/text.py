@@ -153,6 +153,15 @@ class TextRenderer:
         return found
 
     def _render(self, status: ExporterStatus) -> bytes:
+        try:
+            return self._update(status)
+        except BaseException:
+            # Memos half brought up to date would serve stale lines as current: the next render builds them all anew.
+            self._labels, self._entries, self._order, self._columns, self._blocks = {}, {}, (), {}, {}
+            self._prepared = None
+            raise
+
+    def _update(self, status: ExporterStatus) -> bytes:
         servers = self._fleet.snapshot()
         entries = self._entries
         names = tuple(s.config.name for s in servers)
