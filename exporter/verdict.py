@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from specwatch.probe.canary import TABLE, Tally
-from specwatch.reasons import ProbeFailure, Reason
+from .probe.canary import TABLE, Tally
+from .reasons import ProbeFailure, Reason
 
 
 class Verdict(StrEnum):

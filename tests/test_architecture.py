@@ -45,10 +45,14 @@ def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     if path == PACKAGE / "__init__.py":
         tree.body = [node for node in tree.body if not _type_checking(node)]
+    # The package imports itself relatively (its folder is exporter/, its name specwatch): resolve against its place.
+    package = ("specwatch", *path.parent.relative_to(PACKAGE).parts)
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = package[:len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names

@@ -6,13 +6,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from specwatch import __version__
-from specwatch.daemon.cadence import freshness_bound
-from specwatch.probe.llama import names_of
-from specwatch.report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report
-from specwatch.settings.schema import Settings
-from specwatch.state import ModelState, ServerState
-from specwatch.verdict import Freshness, Verdict
+from .. import __version__
+from ..probe.llama import names_of
+from ..report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report
+from ..settings.schema import Settings
+from ..state import ModelState, ServerState
+from ..verdict import Freshness, Verdict
+from .cadence import freshness_bound
 
 POLL_STALE_INTERVALS = 3
 """A model whose last good poll is older than this many poll_intervals is not being watched: its verdict is stale."""

@@ -18,11 +18,11 @@ import structlog
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from specwatch.filestamp import FileStamp, file_stamp
-from specwatch.probe.client import new_client
-from specwatch.problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
-from specwatch.settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
-from specwatch.state import ServerState
+from ..filestamp import FileStamp, file_stamp
+from ..probe.client import new_client
+from ..problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
+from ..settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
+from ..state import ServerState
 
 log = structlog.get_logger("specwatch")
 MAX_SD_BYTES = 16 * 1024 * 1024

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from specwatch.daemon.web import DEFAULT_PORT, HEALTHY_PATH
+from .web import DEFAULT_PORT, HEALTHY_PATH
 
 TIMEOUT = 2.0
 """Seconds for each connection and answer. A stopped or wedged process accepts connections (the kernel does) and

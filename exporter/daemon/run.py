@@ -11,21 +11,21 @@ from typing import Any
 
 import structlog
 
-from specwatch import __version__
-from specwatch.daemon import api, landing, memory
-from specwatch.daemon.discovery import Discovery, SourceStatus, targets_out
-from specwatch.daemon.exposition.samples import ExporterStatus
-from specwatch.daemon.exposition.serve import Exposition
-from specwatch.daemon.schedule import Schedule
-from specwatch.daemon.shard import select
-from specwatch.daemon.watch import Watcher
-from specwatch.daemon.web import WebApp
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
-from specwatch.problems import ConfigError
-from specwatch.settings.loading import load_settings
-from specwatch.settings.schema import ServerConfig, Settings, parse_shard
-from specwatch.state import Fleet
+from .. import __version__
+from ..probe.client import new_client
+from ..probe.fetch import Fetcher
+from ..problems import ConfigError
+from ..settings.loading import load_settings
+from ..settings.schema import ServerConfig, Settings, parse_shard
+from ..state import Fleet
+from . import api, landing, memory
+from .discovery import Discovery, SourceStatus, targets_out
+from .exposition.samples import ExporterStatus
+from .exposition.serve import Exposition
+from .schedule import Schedule
+from .shard import select
+from .watch import Watcher
+from .web import WebApp
 
 log = structlog.get_logger("specwatch")
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from specwatch.daemon.shard import phase
-from specwatch.daemon.watch import Watcher
-from specwatch.settings.schema import ServerConfig
+from ..settings.schema import ServerConfig
+from .shard import phase
+from .watch import Watcher
 
 
 def _job_id(name: str) -> str:

@@ -11,17 +11,17 @@ from typing import Any
 
 import structlog
 
-from specwatch.daemon.cadence import Round, due, slots_known
-from specwatch.endpoints import Endpoint
-from specwatch.probe import fetch
-from specwatch.probe.canary import Tally
-from specwatch.probe.fetch import Fetcher
-from specwatch.probe.llama import Props, Slots
-from specwatch.probe.probes import PLAIN, KnownSlots
-from specwatch.runner import Measured, Runner
-from specwatch.settings.schema import ServerConfig, Settings
-from specwatch.state import Change, Fleet, ModelState
-from specwatch.verdict import Verdict
+from ..endpoints import Endpoint
+from ..probe import fetch
+from ..probe.canary import Tally
+from ..probe.fetch import Fetcher
+from ..probe.llama import Props, Slots
+from ..probe.probes import PLAIN, KnownSlots
+from ..runner import Measured, Runner
+from ..settings.schema import ServerConfig, Settings
+from ..state import Change, Fleet, ModelState
+from ..verdict import Verdict
+from .cadence import Round, due, slots_known
 
 log = structlog.get_logger("specwatch")
 REMIND_SECONDS = 600.0

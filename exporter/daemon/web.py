@@ -12,12 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from specwatch import __version__
-from specwatch.report import VERDICTS_PATH
-from specwatch.verdict import Verdict
+from .. import __version__
+from ..report import VERDICTS_PATH
+from ..verdict import Verdict
 
 if TYPE_CHECKING:
-    from specwatch.daemon.exposition.serve import Scrape
+    from .exposition.serve import Scrape
 
 DEFAULT_PORT = 9824
 VERDICTS = tuple(v.value for v in Verdict)

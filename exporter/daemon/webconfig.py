@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import bcrypt
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 
-from specwatch.problems import Loc, refusal, refusing_also
+from ..problems import Loc, refusal, refusing_also
 
 # What Prometheus' exporter-toolkit also accepts and this server cannot honour: refused with the reason, never ignored.
 UNSUPPORTED = {

@@ -17,8 +17,8 @@ from pathlib import Path
 import bcrypt
 from pydantic import ValidationError
 
-from specwatch.daemon.webconfig import CLIENT_AUTH, TLS_VERSIONS, TLSServerConfig, WebConfig, unsupported
-from specwatch.problems import ConfigError, problem_lines, read_yaml
+from ..problems import ConfigError, problem_lines, read_yaml
+from .webconfig import CLIENT_AUTH, TLS_VERSIONS, TLSServerConfig, WebConfig, unsupported
 
 CACHE_SIZE = 256
 # Python's names for a certificate's subject alternative names, as getpeercert() gives them.

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.daemon.web import parse_listen
-from specwatch.demo.llamaserver import (
+from ..daemon.web import parse_listen
+from ..endpoints import Endpoint
+from .llamaserver import (
     INSTALL_HINT,
     LlamaRouter,
     LlamaServer,
@@ -23,7 +24,6 @@ from specwatch.demo.llamaserver import (
     free_port,
     router_preset,
 )
-from specwatch.endpoints import Endpoint
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
 
@@ -165,7 +165,7 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
         print(f"specwatch demo: {err}", file=sys.stderr)
         return 2
     say(f"llama-server: {binary}")
-    from specwatch.demo.tinymodel import write_cycle_model
+    from .tinymodel import write_cycle_model
 
     with tempfile.TemporaryDirectory(prefix="specwatch-demo-") as tmp:
         workdir = Path(tmp)

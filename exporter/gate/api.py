@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specwatch.endpoints import Endpoint
-from specwatch.gate.ask import AskReport, Exporter
-from specwatch.gate.ask import ask as ask_exporters
-from specwatch.gate.check import CheckReport, run_check
-from specwatch.gate.options import (
+from ..endpoints import Endpoint
+from ..settings.schema import ServerConfig
+from .ask import AskReport, Exporter
+from .ask import ask as ask_exporters
+from .check import CheckReport, run_check
+from .options import (
     CHECK,
     DEFAULT_TIMEOUT,
     DEFAULT_TOKENS,
@@ -26,7 +27,6 @@ from specwatch.gate.options import (
     label_argument,
     tokens_argument,
 )
-from specwatch.settings.schema import ServerConfig
 
 __all__ = ["aask", "acheck", "ask", "check"]
 

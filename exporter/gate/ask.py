@@ -11,12 +11,12 @@ from urllib.parse import urlencode
 
 import httpx
 
-from specwatch.gate.options import CHECK, Spelling
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
-from specwatch.reasons import ProbeFailure
-from specwatch.report import VERDICTS_PATH, EndpointEntry, VerdictsDocument, read_verdicts
-from specwatch.verdict import SEVERITY, Decision, Verdict, held, selection_verdict
+from ..probe.client import new_client
+from ..probe.fetch import Fetcher
+from ..reasons import ProbeFailure
+from ..report import VERDICTS_PATH, EndpointEntry, VerdictsDocument, read_verdicts
+from ..verdict import SEVERITY, Decision, Verdict, held, selection_verdict
+from .options import CHECK, Spelling
 
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 

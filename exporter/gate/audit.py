@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
-from specwatch.gate.received import Answers, NotAnAnswer, Outcome, Status
-from specwatch.probe import sse
-from specwatch.probe.sse import NotJSON, parse_json
+from ..probe import sse
+from ..probe.sse import NotJSON, parse_json
+from .received import Answers, NotAnAnswer, Outcome, Status
 
 MAX_RECORD = 64 << 20
 """Bytes in one line, or one multi-line JSON document, at most: 512 tokens with 20 alternatives each are about 1 MB."""

@@ -8,20 +8,18 @@ from typing import Any
 
 import httpx
 
-from specwatch.endpoints import Endpoint
-from specwatch.gate import oneserver
-from specwatch.gate.options import CHECK, Spelling
-from specwatch.probe import probes
-from specwatch.probe.canary import TABLE
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
-from specwatch.probe.keyfiles import KeyFiles
-from specwatch.reasons import ProbeFailure, Reason
-from specwatch.report import EndpointReport, ModelReport, model_report
-from specwatch.runner import Runner, measure
-from specwatch.settings.schema import ServerConfig
-from specwatch.state import Fleet, ServerState
-from specwatch.verdict import (
+from ..endpoints import Endpoint
+from ..probe import probes
+from ..probe.canary import TABLE
+from ..probe.client import new_client
+from ..probe.fetch import Fetcher
+from ..probe.keyfiles import KeyFiles
+from ..reasons import ProbeFailure, Reason
+from ..report import EndpointReport, ModelReport, model_report
+from ..runner import Runner, measure
+from ..settings.schema import ServerConfig
+from ..state import Fleet, ServerState
+from ..verdict import (
     NO_V1_ENDPOINT_ASKED,
     Decision,
     RouterModel,
@@ -32,6 +30,8 @@ from specwatch.verdict import (
     router_verdict,
     through_a_front_end,
 )
+from . import oneserver
+from .options import CHECK, Spelling
 
 CHECKED = "check"
 """The name of the one server a check watches, in its fleet of one."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import PurePath
 
-from specwatch.probe.canary import Tally
-from specwatch.probe.llama import Props, names_of
-from specwatch.probe.probes import PollResult, ServerPoll
-from specwatch.reasons import Reason
+from ..probe.canary import Tally
+from ..probe.llama import Props, names_of
+from ..probe.probes import PollResult, ServerPoll
+from ..reasons import Reason
 
 HINT = ("a load balancer may send each request to another replica, so no canary speaks for the one an eval reaches: "
         "ask the daemon that watches every replica (specwatch check --exporter URL --label ... or --server ...)")

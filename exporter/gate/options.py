@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 # The pytest plugin builds its options from this module when pytest loads it, in every suite of a machine where
 # specwatch is installed: what it imports at the top must stay cheap (the endpoints' names import nothing of specwatch).
-from specwatch.endpoints import Endpoint
+from ..endpoints import Endpoint
 
 if TYPE_CHECKING:
-    from specwatch.settings.schema import ServerConfig
+    from ..settings.schema import ServerConfig
 
 ENDPOINTS = tuple(e.value for e in Endpoint)
 DEFAULT_TOKENS = 48
@@ -91,7 +91,7 @@ class Option:
 
 
 def duration_argument(text: str) -> float:
-    from specwatch.durations import parse_timeout
+    from ..durations import parse_timeout
 
     try:
         return parse_timeout(text)
@@ -204,8 +204,8 @@ def check_server(url: str, *, api_key_file: Path | None = None, api_key_env: str
     wrong."""
     from pydantic import ValidationError
 
-    from specwatch.problems import problem_lines
-    from specwatch.settings.schema import ServerConfig
+    from ..problems import problem_lines
+    from ..settings.schema import ServerConfig
 
     try:
         return ServerConfig(name="check", url=url, api_key_file=api_key_file, api_key_env=api_key_env, model=model)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 # but its options.
 import pytest
 
-from specwatch.gate.options import (
+from .options import (
     ASKING,
     DEFAULT_TIMEOUT,
     DEFAULT_TOKENS,
@@ -31,9 +31,9 @@ from specwatch.gate.options import (
 )
 
 if TYPE_CHECKING:
-    from specwatch.gate.ask import AskReport
-    from specwatch.gate.check import CheckReport
-    from specwatch.settings.schema import ServerConfig
+    from ..settings.schema import ServerConfig
+    from .ask import AskReport
+    from .check import CheckReport
 
 EXIT_NOT_REAL = 11
 """The session did not start: a selected server serves fill-ins or speculates unproven (`specwatch check` exits 1)."""
@@ -192,8 +192,8 @@ class Gate:
         return self.done[key]
 
     def _canary(self, url: str, defaults: Defaults) -> Outcome:
-        from specwatch.endpoints import Endpoint
-        from specwatch.gate.check import render_text, run_check
+        from ..endpoints import Endpoint
+        from .check import render_text, run_check
 
         server = server_config(url, defaults)
         endpoints = [Endpoint(e) for e in defaults.endpoints] if defaults.endpoints else list(Endpoint)
@@ -212,7 +212,7 @@ class Gate:
         return self.done[key]
 
     def _ask(self, urls: Sequence[str], defaults: Defaults) -> Outcome:
-        from specwatch.gate.ask import Exporter, ask, render_text
+        from .ask import Exporter, ask, render_text
 
         exporters = [Exporter(url, defaults.exporter_username, defaults.exporter_password_file, defaults.exporter_ca_file,
                               defaults.exporter_cert_file, defaults.exporter_key_file) for url in urls]
@@ -235,7 +235,7 @@ class Gate:
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
     """The session's exit code: the worst verdict decides, as it does for `specwatch check`."""
-    from specwatch.verdict import Decision, Verdict, worst
+    from ..verdict import Decision, Verdict, worst
 
     _, decision = worst((o.target, Decision(Verdict(o.verdict), "")) for o in outcomes)
     return {0: 0, 1: EXIT_NOT_REAL}.get(decision.verdict.exit_code, EXIT_UNCHECKED)

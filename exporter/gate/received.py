@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from specwatch.endpoints import Endpoint
-from specwatch.gate.shapes import Shape, shape_of
-from specwatch.probe.answers import Reading, StreamReading
-from specwatch.probe.canary import classify
-from specwatch.reasons import ProbeFailure, Reason
+from ..endpoints import Endpoint
+from ..probe.answers import Reading, StreamReading
+from ..probe.canary import classify
+from ..reasons import ProbeFailure, Reason
+from .shapes import Shape, shape_of
 
 MAX_OPEN_STREAMS = 1024
 """Streams read side by side (a log of concurrent requests) at most: past it the oldest is judged as it stands."""

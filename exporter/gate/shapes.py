@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from specwatch.endpoints import Endpoint
-from specwatch.probe.answers import Chunk, Reading, StreamReading, completion_chunk, stream_reader
-from specwatch.probe.canary import CHUNKS, TABLE
+from ..endpoints import Endpoint
+from ..probe.answers import Chunk, Reading, StreamReading, completion_chunk, stream_reader
+from ..probe.canary import CHUNKS, TABLE
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specwatch.reasons import ProbeFailure, Reason
+from ..reasons import ProbeFailure, Reason
 
 MAX_COUNT = 1 << 40
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from specwatch.endpoints import Endpoint
-from specwatch.probe.answers import (
+from ..endpoints import Endpoint
+from ..reasons import ProbeFailure, Reason
+from .answers import (
     Chunk,
     Reading,
     chat_chunk,
@@ -18,7 +19,6 @@ from specwatch.probe.answers import (
     stream_reader,
     v1_completion_chunk,
 )
-from specwatch.reasons import ProbeFailure, Reason
 
 ALTERNATIVES = 3
 SEED = 4242

@@ -8,7 +8,7 @@ import time
 import httpcore
 import httpx
 
-from specwatch.probe.asyncnet import AsyncioBackend
+from .asyncnet import AsyncioBackend
 
 USER_AGENT = "specwatch"
 LLAMA_KEEPALIVE_SECONDS = 5.0

@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from specwatch.probe import client as pools
-from specwatch.probe import sse
-from specwatch.probe.client import PerServerTransport
-from specwatch.probe.sse import parse_json
-from specwatch.reasons import ProbeFailure, Reason
+from ..reasons import ProbeFailure, Reason
+from . import client as pools
+from . import sse
+from .client import PerServerTransport
+from .sse import parse_json
 
 T = TypeVar("T")
 

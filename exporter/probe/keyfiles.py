@@ -10,8 +10,8 @@ from typing import Protocol
 import structlog
 from pydantic import SecretStr
 
-from specwatch.apikey import read_key_file
-from specwatch.filestamp import FileStamp, file_stamp
+from ..apikey import read_key_file
+from ..filestamp import FileStamp, file_stamp
 
 log = structlog.get_logger("specwatch")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from specwatch.reasons import ProbeFailure, Reason
+from ..reasons import ProbeFailure, Reason
 
 # Values from a server become label values and samples on every scrape: one hostile server must not
 # be able to make them unencodable, unbounded or beyond a float, which would fail the scrape for all.

@@ -12,10 +12,11 @@ from urllib.parse import quote
 
 from pydantic import SecretStr
 
-from specwatch.endpoints import Endpoint
-from specwatch.probe.canary import TABLE, Tally, classify
-from specwatch.probe.fetch import Fetcher
-from specwatch.probe.llama import (
+from ..endpoints import Endpoint
+from ..reasons import ProbeFailure, Reason
+from .canary import TABLE, Tally, classify
+from .fetch import Fetcher
+from .llama import (
     Props,
     RouterModel,
     Slots,
@@ -27,7 +28,6 @@ from specwatch.probe.llama import (
     parse_props,
     parse_slots,
 )
-from specwatch.reasons import ProbeFailure, Reason
 
 PLAIN = ""
 """The key of the one model of a server watched without a `model:`: its series carry no model label."""

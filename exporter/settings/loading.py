@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
-from specwatch.problems import ConfigError, Loc, problem_lines, read_yaml
-from specwatch.settings.schema import Provenance, Settings
+from ..problems import ConfigError, Loc, problem_lines, read_yaml
+from .schema import Provenance, Settings
 
 ENV_PREFIX = "SPECWATCH_"
 CONFIG_FILE_ENV = "SPECWATCH_CONFIG_FILE"

@@ -21,10 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from specwatch.apikey import checked_key, read_key_file
-from specwatch.durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
-from specwatch.endpoints import Endpoint
-from specwatch.problems import Loc, NamesItsKey, refusing_also
+from ..apikey import checked_key, read_key_file
+from ..durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
+from ..endpoints import Endpoint
+from ..problems import Loc, NamesItsKey, refusing_also
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVER_NAME = "local"

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specwatch.daemon.exposition.catalog import FAMILIES, SERVER, Family
-from specwatch.daemon.exposition.samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
-from specwatch.state import Fleet
+from ...state import Fleet
+from .catalog import FAMILIES, SERVER, Family
+from .samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
 
 
 class _FamilySink:

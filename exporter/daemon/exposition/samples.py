@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from specwatch import __version__
-from specwatch.daemon.discovery import SourceStatus
-from specwatch.daemon.exposition.catalog import EXPORTER, Family
-from specwatch.state import CanaryState, ModelState, ServerState
-from specwatch.verdict import Verdict
+from ... import __version__
+from ...state import CanaryState, ModelState, ServerState
+from ...verdict import Verdict
+from ..discovery import SourceStatus
+from .catalog import EXPORTER, Family
 
 Extra = tuple[tuple[str, str], ...]
 """Labels of a sample beyond its server's, in the order they are written."""

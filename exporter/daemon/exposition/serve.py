@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 
-from specwatch.daemon.exposition.registry import SpecwatchCollector
-from specwatch.daemon.exposition.samples import ExporterStatus
-from specwatch.daemon.exposition.text import TextRenderer
-from specwatch.state import Fleet
+from ...state import Fleet
+from .registry import SpecwatchCollector
+from .samples import ExporterStatus
+from .text import TextRenderer
 
 GZIP_LEVEL = 1
 """Text metrics shrink about fifteenfold even at the fastest level, which keeps a large fleet's scrape cheap."""

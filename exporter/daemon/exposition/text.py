@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from prometheus_client.utils import floatToGoString
 
-from specwatch.daemon.exposition.catalog import FAMILIES, SERVER, Family
-from specwatch.daemon.exposition.samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
-from specwatch.settings.schema import ServerConfig
-from specwatch.state import Fleet, ServerState
+from ...settings.schema import ServerConfig
+from ...state import Fleet, ServerState
+from .catalog import FAMILIES, SERVER, Family
+from .samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
 
 _MEMO_LIMIT = 1024
 PREPARED_FOR = 2.0
