@@ -4,7 +4,7 @@
 import importlib as _importlib
 import typing as _typing
 
-__version__ = "0.3.0"
+from .version import __version__
 
 if _typing.TYPE_CHECKING:
     from .gate.api import aask, acheck, ask, check

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__
 from .daemon.web import DEFAULT_PORT, parse_listen
 from .endpoints import Endpoint
 from .gate.options import (
@@ -28,6 +27,7 @@ from .probe.canary import CHAT_PROOF, PROMPT_PROOF
 from .problems import ConfigError
 from .settings.loading import load_settings
 from .settings.schema import DEFAULT_SERVER_URL, parse_shard
+from .version import __version__
 
 EX_CONFIG = 2
 """`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""

@@ -16,7 +16,7 @@ MAX_LINES = 450
 # Bottom first. A module may import from its own layer and those below, never above; within a layer the imports
 # form no cycle. Every module has a layer, so a new one is placed on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("specwatch", "specwatch.reasons", "specwatch.durations", "specwatch.filestamp", "specwatch.problems",
+    ("specwatch", "specwatch.version", "specwatch.reasons", "specwatch.durations", "specwatch.filestamp", "specwatch.problems",
      "specwatch.endpoints", "specwatch.apikey"),
     ("specwatch.probe", "specwatch.probe.*"),
     ("specwatch.verdict",),

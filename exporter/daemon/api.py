@@ -6,12 +6,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import __version__
 from ..probe.llama import names_of
 from ..report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report
 from ..settings.schema import Settings
 from ..state import ModelState, ServerState
 from ..verdict import Freshness, Verdict
+from ..version import __version__
 from .cadence import freshness_bound
 
 POLL_STALE_INTERVALS = 3

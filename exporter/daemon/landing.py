@@ -7,10 +7,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .. import __version__
 from ..report import endpoint_state, model_report
 from ..state import ServerState
 from ..verdict import SEVERITY, Verdict
+from ..version import __version__
 
 
 @dataclass(frozen=True)

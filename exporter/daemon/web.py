@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from .. import __version__
 from ..report import VERDICTS_PATH
 from ..verdict import Verdict
+from ..version import __version__
 
 if TYPE_CHECKING:
     from .exposition.serve import Scrape
