@@ -11,13 +11,13 @@ from typing import Any
 
 import structlog
 
-from .. import __version__
 from ..probe.client import new_client
 from ..probe.fetch import Fetcher
 from ..problems import ConfigError
 from ..settings.loading import load_settings
 from ..settings.schema import ServerConfig, Settings, parse_shard
 from ..state import Fleet
+from ..version import __version__
 from . import api, landing, memory
 from .discovery import Discovery, SourceStatus, targets_out
 from .exposition.samples import ExporterStatus
