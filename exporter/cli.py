@@ -183,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
         if option.mode is not Mode.EXPORTER:
             _add_option(check, option)
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
-    asking = check.add_argument_group(ASKING)
+    asking = check.add_argument_group(CHECK.say(ASKING))
     for option in OPTIONS:
         if option.mode is Mode.EXPORTER:
             _add_option(asking, option)

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import specwatch
 from specwatch.cli import main
 from specwatch.daemon import api
 from specwatch.daemon.web import WebApp
@@ -203,13 +204,17 @@ async def test_basic_auth_on_the_exporter(make_watcher, clock, tmp_path: Path) -
     wrong.write_text("nope\n")
     try:
         refused = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2)
-        assert refused.verdict == "unchecked" and "refused the credentials" in refused.summary
-        assert "give --exporter-username and --exporter-password-file as its --web-config's" in refused.summary
+        assert refused.verdict == "unchecked" and "the exporter asks for credentials: give --exporter-username and " \
+            "--exporter-password-file as its --web-config's" in refused.summary
         # The pytest plugin asks the same way and names its own flags (the daemon's --web-config stays the daemon's).
         in_plugin = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2, spelling=PLUGIN)
         assert "give --specwatch-exporter-username and --specwatch-exporter-password-file as its --web-config's" \
             in in_plugin.summary
-        assert (await ask([Exporter(served.url, "gate", wrong)], servers=[], labels=[], model=None, timeout=2)).exit_code == 2
+        # The Python API names its own arguments.
+        in_python = await specwatch.aask(served.url, timeout=2)
+        assert "the exporter asks for credentials: give username and password_file as its" in in_python.summary
+        wrongly = await ask([Exporter(served.url, "gate", wrong)], servers=[], labels=[], model=None, timeout=2)
+        assert wrongly.exit_code == 2 and "the exporter refused the credentials: give --exporter-username" in wrongly.summary
         allowed = await ask([Exporter(served.url, "gate", password)], servers=[], labels=[], model=None, timeout=2)
         assert allowed.verdict == "clean"
     finally:
@@ -379,7 +384,7 @@ def test_check_exporter_on_a_real_daemon(real_fleet, selection: list[str], code:
 def test_check_exporter_needs_the_credentials(real_fleet) -> None:
     daemon, _ = real_fleet
     code, report = _cli(daemon.url, "--label", "pool=serve")
-    assert code == 2 and "refused the credentials" in report["summary"]
+    assert code == 2 and "the exporter asks for credentials" in report["summary"]
 
 
 @pytest.mark.real
