@@ -48,8 +48,8 @@ nothing (a misspelling) is warned about. --config /dev/stdin reads the config fr
 Reload the config with SIGHUP or POST /-/reload; a bad config is refused and the old one runs on.
 API key files are read again whenever they change: a rotated key needs no reload.
 Timeouts default to 5s (poll) and 30s (canary), capped by their intervals; intervals are at least 1s.
-With --web-config, /metrics, / and /-/reload need the configured credentials; /-/healthy and /-/ready
-answer without them (they reveal nothing), so liveness and readiness probes need no password.
+With --web-config, /metrics, /, /sd, /api/v1/verdicts and /-/reload need the configured credentials; /-/healthy
+and /-/ready answer without them (they reveal nothing), so liveness and readiness probes need no password.
 
 Example config:
   servers:

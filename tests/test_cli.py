@@ -30,6 +30,7 @@ def test_run_help_teaches_the_config(capsys: pytest.CaptureFixture[str]) -> None
         main(["run", "--help"])
     out = capsys.readouterr().out
     assert "http://127.0.0.1:8080" in out and "api_key_file" in out and "--check-config" in out and ":9824" in out
+    assert "/metrics, /, /sd, /api/v1/verdicts and /-/reload need the configured credentials" in " ".join(out.split())
 
 
 def test_check_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
