@@ -90,6 +90,25 @@ def test_bad_listen_address(listen: str) -> None:
     assert result.returncode == 64 and "listen address" in result.stderr
 
 
+@pytest.mark.usefixtures("restored_logging")
+def test_check_config_of_a_shard_says_of_how_many(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's share can be empty; the count of the whole config beside it says that is the arithmetic."""
+    from specwatch.daemon.shard import hashmod
+
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://h:1'}\n  - {name: b, url: 'http://h:2'}\n")
+    for index in range(3):
+        assert main(["run", "--config", str(config), "--check-config", "--shard", f"{index}/3"]) == 0
+        share = [name for name in "ab" if hashmod(name, 3) == index]
+        assert capsys.readouterr().out.splitlines() == [
+            f"config OK: {len(share)} server(s) to watch in shard {index}/3 (of 2 configured), poll every 15s, canary every 60s",
+            *(f"  {name}: http://h:{'ab'.index(name) + 1} (no api key)" for name in share)]
+    monkeypatch.setenv("SPECWATCH_SHARD", "1/3")  # the config's shard, as the daemon takes it
+    assert main(["run", "--config", str(config), "--check-config"]) == 0
+    assert "in shard 1/3 (of 2 configured)" in capsys.readouterr().out
+
+
 @pytest.mark.real
 def test_bad_shard() -> None:
     result = _run("run", "--shard", "5/2", "--check-config")
