@@ -254,6 +254,10 @@ def test_the_command_line(fleet: Served, capsys) -> None:
     (["check", "--exporter", "http://b:2", "--load"], "--load cannot be used with --exporter"),
     (["check", "http://a:1", "--label", "pool=eval"], "--label cannot be used without --exporter"),
     (["check", "http://a:1", "--server", "x"], "--server cannot be used without --exporter"),
+    # Not all of them select: each is for asking a daemon, which a check of a URL does not.
+    (["check", "http://a:1", "--exporter-ca-file", "ca.pem", "--label", "pool=eval"],
+     "--label, --exporter-ca-file cannot be used without --exporter: asking a running specwatch takes them, canarying a "
+     "server's URL does not"),
     (["check", "--exporter", "http://b:2", "--exporter-password-file", "/x"], "needs --exporter-username"),
     (["check", "--exporter", "http://b:2", "--exporter-key-file", "/x"], "--exporter-key-file needs --exporter-cert-file"),
     (["check", "--exporter", "http://b:2", "--endpoint", "chat", "--api-key-env", "K"],

@@ -171,7 +171,8 @@ SELECTING = ("server", "label")
 # Usage problems, worded once; each front end fills in its own flags.
 ONE_WAY = "give a server's URL to canary it, or {exporter} URL to ask a running specwatch (one of the two)"
 WITH_EXPORTER = "{flags} cannot be used with {exporter}: {exporter} sends no canary"
-WITHOUT_EXPORTER = "{flags} cannot be used without {exporter}: they select what {exporter} reports"
+WITHOUT_EXPORTER = ("{flags} cannot be used without {exporter}: asking a running specwatch takes them, canarying a "
+                    "server's URL does not")
 SELECTION_ALONE = "{flags} select what {exporter} reports: give {exporter} URL too"
 KEY_NEEDS_CERT = "{exporter_key_file} needs {exporter_cert_file}"
 PASSWORD_NEEDS_USER = "{exporter_password_file} needs {exporter_username}"
