@@ -48,8 +48,8 @@ nothing (a misspelling) is warned about. --config /dev/stdin reads the config fr
 Reload the config with SIGHUP or POST /-/reload; a bad config is refused and the old one runs on.
 API key files are read again whenever they change: a rotated key needs no reload.
 Timeouts default to 5s (poll) and 30s (canary), capped by their intervals; intervals are at least 1s.
-With --web-config, /metrics, / and /-/reload need the configured credentials; /-/healthy and /-/ready
-answer without them (they reveal nothing), so liveness and readiness probes need no password.
+With --web-config, /metrics, /, /sd, /api/v1/verdicts and /-/reload need the configured credentials; /-/healthy
+and /-/ready answer without them (they reveal nothing), so liveness and readiness probes need no password.
 
 Example config:
   servers:
@@ -183,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
         if option.mode is not Mode.EXPORTER:
             _add_option(check, option)
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
-    asking = check.add_argument_group(ASKING)
+    asking = check.add_argument_group(CHECK.say(ASKING))
     for option in OPTIONS:
         if option.mode is Mode.EXPORTER:
             _add_option(asking, option)
@@ -261,7 +261,7 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"specwatch: {err}", file=sys.stderr)
         return EX_CONFIG
-    from .daemon.run import Daemon, preview
+    from .daemon.run import Daemon, preview, shard_of
 
     if args.check_config:
         for warning in settings.warnings:
@@ -270,8 +270,12 @@ def _run(args: argparse.Namespace) -> int:
             print(f"specwatch: note: {DEFAULT_TARGET_NOTE}", file=sys.stderr)
         # Discovery sources are read once, as the daemon would at start; what they refuse is logged to stderr.
         logs.configure("warning", json=False, stream=sys.stderr)
-        servers, sources = asyncio.run(preview(settings, args.shard))
-        print(f"config OK: {len(servers)} server(s) to watch, poll every {settings.poll_interval:g}s, "
+        configured, sources = asyncio.run(preview(settings))
+        shard = args.shard or settings.shard
+        servers = shard_of(configured, shard)
+        # A shard's share may be none of the servers: say of how many, so that reads as the arithmetic, not a lost fleet.
+        share = f" in shard {shard} (of {len(configured)} configured)" if shard else ""
+        print(f"config OK: {len(servers)} server(s) to watch{share}, poll every {settings.poll_interval:g}s, "
               f"canary every {settings.canary_interval:g}s")
         for source in sources:
             state = "read" if source.ok else "REFUSED (see above; its targets are not watched)"

@@ -237,7 +237,8 @@ def _poll_stale(poll_age: float | None, poll_bound: float) -> bool:
 
 def held(decision: Decision, freshness: Freshness) -> Decision:
     """A verdict a daemon holds, as a gate may use it: a stale clean (or unproven) is unchecked; fill-ins stay proof."""
-    if freshness.fresh or decision.verdict is Verdict.FILL_INS:
+    # An unchecked verdict already says why (the server down, a model not loaded): "stale" would bury that reason.
+    if freshness.fresh or decision.verdict in (Verdict.FILL_INS, Verdict.UNCHECKED):
         return decision
     if _poll_stale(freshness.poll_age, freshness.poll_bound):
         why = "the exporter has no recent poll of it" if freshness.poll_age is None else (

@@ -77,7 +77,8 @@ def test_checks_arguments_reach_the_canary(plain: FaultServer, tmp_path: Path, m
     key.write_text("sk-test\n")
     assert specwatch.check(plain.url, api_key_file=key, endpoints="chat", tokens=4).exit_code == 0  # one name, not letters
     refused = specwatch.check(plain.url, endpoints=["chat"], tokens=4)
-    assert (refused.verdict, refused.api_key_sent) == ("unchecked", False) and "no API key was sent" in refused.summary
+    assert (refused.verdict, refused.api_key_sent) == ("unchecked", False)
+    assert "no API key was sent: give api_key_file or api_key_env" in refused.summary  # the arguments, not check's flags
 
 
 def test_an_unreachable_server_is_a_report_not_an_exception() -> None:
@@ -87,32 +88,53 @@ def test_an_unreachable_server_is_a_report_not_an_exception() -> None:
     assert (asked.verdict, asked.exit_code) == ("unchecked", 2) and "cannot ask the exporter" in asked.summary
 
 
-# Each refusal beside the same arguments on the command line: `check` exits 64 and says the same words.
+# Each refusal beside the same arguments on the command line (`check` exits 64 for them), and what the ValueError says:
+# check's reason, after the argument's name where check's says its flag's; the exporter's flags named as `ask` names them.
 REFUSALS = [
-    ("check", "127.0.0.1:8080", {}, []),
-    ("check", "http://127.0.0.1:8080/v1", {}, []),
-    ("check", "http://h:8080?key=sk-1", {}, []),
-    ("check", "http://h:8080", {"tokens": 3}, ["--tokens", "3"]),
-    ("check", "http://h:8080", {"tokens": 513}, ["--tokens", "513"]),
-    ("check", "http://h:8080", {"timeout": "soon"}, ["--timeout", "soon"]),
-    ("check", "http://h:8080", {"timeout": 0.01}, ["--timeout", "0.01"]),
-    ("check", "http://h:8080", {"timeout": -1}, ["--timeout", "-1"]),
-    ("check", "http://h:8080", {"api_key_file": "/nonexistent/key"}, ["--api-key-file", "/nonexistent/key"]),
-    ("check", "http://h:8080", {"endpoints": ["chat", "vision"]}, ["--endpoint", "chat", "--endpoint", "vision"]),
-    ("ask", "http://e:9824", {"labels": {"": "eval"}}, ["--label", "=eval"]),
-    ("ask", "http://e:9824", {"key_file": "k.pem"}, ["--exporter-key-file", "k.pem"]),
-    ("ask", "http://e:9824", {"password_file": "pw"}, ["--exporter-password-file", "pw"]),
-    ("ask", "http://e:9824", {"timeout": "1x"}, ["--timeout", "1x"]),
+    ("check", "127.0.0.1:8080", {}, [], "url: '127.0.0.1:8080' has no scheme: add http://"),
+    ("check", "http://127.0.0.1:8080/v1", {}, [], "url: 'http://127.0.0.1:8080/v1' ends in /v1: give the server's root"),
+    ("check", "http://h:8080?key=sk-1", {}, [], "url: 'http://h' must not carry a query or fragment"),
+    ("check", "http://h:8080", {"tokens": 3}, ["--tokens", "3"], "tokens: '3' is not a whole number from 4 to 512"),
+    ("check", "http://h:8080", {"tokens": 513}, ["--tokens", "513"], "tokens: '513' is not a whole number from 4 to 512"),
+    ("check", "http://h:8080", {"timeout": "soon"}, ["--timeout", "soon"], "timeout: 'soon' is not a duration"),
+    ("check", "http://h:8080", {"timeout": 0.01}, ["--timeout", "0.01"], "timeout: 10ms is below the 100ms floor"),
+    ("check", "http://h:8080", {"timeout": -1}, ["--timeout", "-1"], "timeout: duration must be positive and finite"),
+    ("check", "http://h:8080", {"api_key_file": "/nonexistent/key"}, ["--api-key-file", "/nonexistent/key"],
+     "api_key_file '/nonexistent/key' cannot be read"),
+    ("check", "http://h:8080", {"endpoints": ["chat", "vision"]}, ["--endpoint", "chat", "--endpoint", "vision"],
+     "endpoints: unknown endpoint vision; choose from completion, "),
+    ("ask", "http://e:9824", {"labels": {"": "eval"}}, ["--label", "=eval"], "labels: '=eval' must look like KEY=VALUE"),
+    ("ask", "http://e:9824", {"timeout": "1x"}, ["--timeout", "1x"], "timeout: '1x' is not a duration"),
+]
+# What check says of its flags, `ask` says of its arguments.
+FLAG_REFUSALS = [
+    ({"key_file": "k.pem"}, ["--exporter-key-file", "k.pem"], "key_file needs cert_file",
+     "--exporter-key-file needs --exporter-cert-file"),
+    ({"password_file": "pw"}, ["--exporter-password-file", "pw"], "password_file needs username",
+     "--exporter-password-file needs --exporter-username"),
 ]
 
 
-@pytest.mark.parametrize(("function", "url", "kwargs", "flags"), REFUSALS)
-def test_a_refusal_is_a_value_error_in_checks_words(function: str, url: str, kwargs: dict[str, Any], flags: list[str]) -> None:
+@pytest.mark.parametrize(("function", "url", "kwargs", "flags", "said"), REFUSALS)
+def test_a_refusal_is_a_value_error_naming_the_argument(function: str, url: str, kwargs: dict[str, Any], flags: list[str],
+                                                       said: str) -> None:
     with pytest.raises(ValueError) as refused:
         getattr(specwatch, function)(url, **kwargs)
+    assert str(refused.value).startswith(said), str(refused.value)
     args = ["check", url, *flags] if function == "check" else ["check", "--exporter", url, *flags]
-    code, _, said = cli(*args)
-    assert code == 64 and str(refused.value) in said, (str(refused.value), said)
+    code, _, cli_said = cli(*args)
+    reason = str(refused.value).removeprefix(f"{next(iter(kwargs))}: ") if kwargs else str(refused.value)
+    assert code == 64 and reason in cli_said, (reason, cli_said)
+
+
+@pytest.mark.parametrize(("kwargs", "flags", "said", "cli_said"), FLAG_REFUSALS)
+def test_an_exporter_argument_is_refused_by_its_python_name(kwargs: dict[str, Any], flags: list[str], said: str,
+                                                           cli_said: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        specwatch.ask("http://e:9824", **kwargs)
+    assert str(refused.value) == said
+    code, _, printed = cli("check", "--exporter", "http://e:9824", *flags)
+    assert code == 64 and cli_said in printed, printed
 
 
 def test_ask_needs_an_exporter() -> None:

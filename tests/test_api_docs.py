@@ -51,11 +51,17 @@ EXPECTED: dict[str, list[tuple[Does, Does]]] = {
     "The async twins": [(Does(0, "the pool: clean"), Does(1, "the pool: fill_ins"))],
     "Errors and exit codes": [(Does(0, "refused: "), Does(0, "refused: "))],
 }
-# The same arguments on the command line, for the refusals the last section shows: `check` says the same.
+# The refusals the last section shows: what each says, and the same arguments on the command line, which check refuses
+# (exit 64) for the same reason, said of its flags.
 REFUSED = [
-    ["check", "http://127.0.0.1:8080/v1/chat/completions"],
-    ["check", "http://127.0.0.1:8080", "--tokens", "1000"],
-    ["check", "--exporter", "http://specwatch:9824", "--exporter-password-file", "/run/secrets/gate"],
+    ("url: 'http://127.0.0.1:8080/v1/chat/completions' ends in /v1/chat/completions: give the server's root",
+     ["check", "http://127.0.0.1:8080/v1/chat/completions"],
+     "url: 'http://127.0.0.1:8080/v1/chat/completions' ends in /v1/chat/completions: give the server's root"),
+    ("tokens: '1000' is not a whole number from 4 to 512", ["check", "http://127.0.0.1:8080", "--tokens", "1000"],
+     "argument --tokens: '1000' is not a whole number from 4 to 512"),
+    ("password_file needs username",
+     ["check", "--exporter", "http://specwatch:9824", "--exporter-password-file", "/run/secrets/gate"],
+     "--exporter-password-file needs --exporter-username"),
 ]
 
 
@@ -105,19 +111,20 @@ def test_every_example_on_look_alikes(world: str) -> None:
             _checked(world, title, index, *_run_here(block, f"{DOC.name}: {title} #{index}"))
 
 
-def test_the_refusals_shown_are_checks_own_words() -> None:
+def test_the_refusals_shown_name_the_arguments_as_check_names_its_flags() -> None:
     (block,) = examples()["Errors and exit codes"]
     code, said = _run_here(block, DOC.name)
     refusals = [line.removeprefix("refused: ") for line in said.splitlines() if line.startswith("refused: ")]
     assert code == 0 and len(refusals) == len(REFUSED), said
-    for refusal, args in zip(refusals, REFUSED, strict=True):
+    for refusal, (expected, args, in_check) in zip(refusals, REFUSED, strict=True):
+        assert refusal.startswith(expected), refusal
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
                 assert main(args) == 64
             except SystemExit as usage:  # argparse refuses a flag's value itself
                 assert usage.code == 64
-        assert refusal in err.getvalue(), (refusal, err.getvalue())
+        assert in_check in err.getvalue(), (in_check, err.getvalue())
 
 
 # --- As scripts, on real llama-servers and real daemons.

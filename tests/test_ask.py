@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import specwatch
 from specwatch.cli import main
 from specwatch.daemon import api
 from specwatch.daemon.web import WebApp
@@ -203,13 +204,17 @@ async def test_basic_auth_on_the_exporter(make_watcher, clock, tmp_path: Path) -
     wrong.write_text("nope\n")
     try:
         refused = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2)
-        assert refused.verdict == "unchecked" and "refused the credentials" in refused.summary
-        assert "give --exporter-username and --exporter-password-file as its --web-config's" in refused.summary
+        assert refused.verdict == "unchecked" and "the exporter asks for credentials: give --exporter-username and " \
+            "--exporter-password-file as its --web-config's" in refused.summary
         # The pytest plugin asks the same way and names its own flags (the daemon's --web-config stays the daemon's).
         in_plugin = await ask([Exporter(served.url)], servers=[], labels=[], model=None, timeout=2, spelling=PLUGIN)
         assert "give --specwatch-exporter-username and --specwatch-exporter-password-file as its --web-config's" \
             in in_plugin.summary
-        assert (await ask([Exporter(served.url, "gate", wrong)], servers=[], labels=[], model=None, timeout=2)).exit_code == 2
+        # The Python API names its own arguments.
+        in_python = await specwatch.aask(served.url, timeout=2)
+        assert "the exporter asks for credentials: give username and password_file as its" in in_python.summary
+        wrongly = await ask([Exporter(served.url, "gate", wrong)], servers=[], labels=[], model=None, timeout=2)
+        assert wrongly.exit_code == 2 and "the exporter refused the credentials: give --exporter-username" in wrongly.summary
         allowed = await ask([Exporter(served.url, "gate", password)], servers=[], labels=[], model=None, timeout=2)
         assert allowed.verdict == "clean"
     finally:
@@ -249,6 +254,10 @@ def test_the_command_line(fleet: Served, capsys) -> None:
     (["check", "--exporter", "http://b:2", "--load"], "--load cannot be used with --exporter"),
     (["check", "http://a:1", "--label", "pool=eval"], "--label cannot be used without --exporter"),
     (["check", "http://a:1", "--server", "x"], "--server cannot be used without --exporter"),
+    # Not all of them select: each is for asking a daemon, which a check of a URL does not.
+    (["check", "http://a:1", "--exporter-ca-file", "ca.pem", "--label", "pool=eval"],
+     "--label, --exporter-ca-file cannot be used without --exporter: asking a running specwatch takes them, canarying a "
+     "server's URL does not"),
     (["check", "--exporter", "http://b:2", "--exporter-password-file", "/x"], "needs --exporter-username"),
     (["check", "--exporter", "http://b:2", "--exporter-key-file", "/x"], "--exporter-key-file needs --exporter-cert-file"),
     (["check", "--exporter", "http://b:2", "--endpoint", "chat", "--api-key-env", "K"],
@@ -379,7 +388,7 @@ def test_check_exporter_on_a_real_daemon(real_fleet, selection: list[str], code:
 def test_check_exporter_needs_the_credentials(real_fleet) -> None:
     daemon, _ = real_fleet
     code, report = _cli(daemon.url, "--label", "pool=serve")
-    assert code == 2 and "refused the credentials" in report["summary"]
+    assert code == 2 and "the exporter asks for credentials" in report["summary"]
 
 
 @pytest.mark.real

@@ -30,6 +30,7 @@ def test_run_help_teaches_the_config(capsys: pytest.CaptureFixture[str]) -> None
         main(["run", "--help"])
     out = capsys.readouterr().out
     assert "http://127.0.0.1:8080" in out and "api_key_file" in out and "--check-config" in out and ":9824" in out
+    assert "/metrics, /, /sd, /api/v1/verdicts and /-/reload need the configured credentials" in " ".join(out.split())
 
 
 def test_check_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,6 +88,25 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_bad_listen_address(listen: str) -> None:
     result = _run("run", "--listen", listen, "--check-config")
     assert result.returncode == 64 and "listen address" in result.stderr
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_check_config_of_a_shard_says_of_how_many(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's share can be empty; the count of the whole config beside it says that is the arithmetic."""
+    from specwatch.daemon.shard import hashmod
+
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: a, url: 'http://h:1'}\n  - {name: b, url: 'http://h:2'}\n")
+    for index in range(3):
+        assert main(["run", "--config", str(config), "--check-config", "--shard", f"{index}/3"]) == 0
+        share = [name for name in "ab" if hashmod(name, 3) == index]
+        assert capsys.readouterr().out.splitlines() == [
+            f"config OK: {len(share)} server(s) to watch in shard {index}/3 (of 2 configured), poll every 15s, canary every 60s",
+            *(f"  {name}: http://h:{'ab'.index(name) + 1} (no api key)" for name in share)]
+    monkeypatch.setenv("SPECWATCH_SHARD", "1/3")  # the config's shard, as the daemon takes it
+    assert main(["run", "--config", str(config), "--check-config"]) == 0
+    assert "in shard 1/3 (of 2 configured)" in capsys.readouterr().out
 
 
 @pytest.mark.real

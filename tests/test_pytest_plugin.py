@@ -349,7 +349,9 @@ def test_every_option_of_the_table_is_a_flag_of_check_and_of_the_plugin(pytester
         main(["check", "--help"])
     check = _said(capsys.readouterr().out)
     plugin = _said(run(pytester, "--help").stdout.str())
-    check_group, plugin_group = check.index(_said(ASKING)), plugin.index(_said(f"specwatch: {ASKING}:"))
+    check_group, plugin_group = check.index(_said(CHECK.say(ASKING))), plugin.index(_said(f"specwatch: {PLUGIN.say(ASKING)}:"))
+    # Each points where its own reader finds the load balancer told: not at a README, which may be the user project's.
+    assert "see below" in CHECK.say(ASKING) and "see specwatch check --help" in PLUGIN.say(ASKING)
     for option in OPTIONS:
         in_check, in_plugin = check.find(_shown(option, option.flag, " ")), plugin.find(_shown(option, option.plugin_flag, "="))
         assert in_check > 0, (option.name, check)
@@ -386,7 +388,8 @@ def test_every_message_names_the_plugins_flags_in_the_plugin() -> None:
     """Usage problems are worded once; filled in for the plugin, they name no flag of check's."""
     from specwatch.gate import options
 
-    templates = [v for k, v in vars(options).items() if k.isupper() and isinstance(v, str) and "{" in v]
+    # ASKING is a help group's title, not a problem: the plugin's may send its reader to `specwatch check --help`.
+    templates = [v for k, v in vars(options).items() if k.isupper() and k != "ASKING" and isinstance(v, str) and "{" in v]
     assert len(templates) >= 6
     for template in templates:
         said = PLUGIN.say(template, flags="--specwatch-x")

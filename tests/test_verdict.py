@@ -171,6 +171,12 @@ def test_the_daemons_freshness_and_the_gates_reason_agree(age: float | None, pol
         assert held(CLEAN, freshness).summary.startswith("stale: ")
 
 
+@pytest.mark.parametrize("freshness", [stale(), stale(age=None), stale(poll_age=None), stale(poll_age=46.2)])
+def test_a_stale_unchecked_keeps_its_own_reason(freshness: Freshness) -> None:
+    """A server the daemon cannot poll is unchecked for that reason, not "stale: ... (was unchecked: ...)"."""
+    assert held(DOWN, freshness) == DOWN
+
+
 def test_only_an_unproven_model_is_worth_another_pass() -> None:
     assert [v for v in Verdict if worth_another_pass(Decision(v, ""))] == [Verdict.UNPROVEN]
 

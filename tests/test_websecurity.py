@@ -228,6 +228,10 @@ def test_tls_and_basic_auth_on_a_real_exporter(exporter: ExporterProcess, certs)
         assert "specwatch_" not in refused.text
         assert client.get(f"{url}/metrics", auth=(USER, "wrong")).status_code == 401
         assert client.get(f"{url}/", auth=("nobody", PASSWORD)).status_code == 401
+        # Every page that tells about the fleet, as `specwatch run --help` lists them.
+        for path in ("/", "/sd", "/api/v1/verdicts"):
+            assert (client.get(f"{url}{path}").status_code, client.get(f"{url}{path}", auth=(USER, PASSWORD)).status_code) \
+                == (401, 200), path
         assert client.post(f"{url}/-/reload").status_code == 401
         assert client.post(f"{url}/-/reload", auth=(USER, PASSWORD)).status_code == 200
 

@@ -44,13 +44,14 @@ def shard_of(servers: list[ServerConfig], shard: str | None) -> list[ServerConfi
     return select(servers, lambda s: s.name, index, count)
 
 
-async def preview(settings: Settings, shard: str | None = None) -> tuple[list[ServerConfig], tuple[SourceStatus, ...]]:
-    """What a daemon would watch with these settings: the static servers and one read of every discovery source."""
+async def preview(settings: Settings) -> tuple[list[ServerConfig], tuple[SourceStatus, ...]]:
+    """What a daemon would find with these settings, before sharding: the static servers and one read of every discovery
+    source."""
     discovery = Discovery()
     discovery.configure(settings)
     try:
         await discovery.refresh_all()
-        return shard_of(configured_servers(settings, discovery), shard or settings.shard), discovery.status()
+        return configured_servers(settings, discovery), discovery.status()
     finally:
         await discovery.close()
 

@@ -17,7 +17,7 @@ from .ask import AskReport, Exporter
 from .ask import ask as ask_exporters
 from .check import CheckReport, run_check
 from .options import (
-    CHECK,
+    API,
     DEFAULT_TIMEOUT,
     DEFAULT_TOKENS,
     check_server,
@@ -76,7 +76,8 @@ async def aask(
 
 @dataclass(frozen=True)
 class _Check:
-    """A check's arguments as `specwatch check` takes them, refused (before anything is sent) as it refuses them."""
+    """A check's arguments as `specwatch check` takes them, refused (before anything is sent) as it refuses them, naming the
+    arguments."""
 
     server: ServerConfig
     endpoints: list[Endpoint]
@@ -89,16 +90,17 @@ class _Check:
            endpoints: str | Iterable[str] | None, tokens: int, timeout: float | str, load: bool) -> _Check:
         server = check_server(url, api_key_file=Path(api_key_file) if api_key_file is not None else None,
                               api_key_env=api_key_env, model=model)
-        return cls(server, _endpoints(endpoints), _argument(tokens_argument, tokens), _argument(duration_argument, timeout),
-                   load)
+        return cls(server, _endpoints(endpoints), _argument("tokens", tokens_argument, tokens),
+                   _argument("timeout", duration_argument, timeout), load)
 
     def run(self) -> Coroutine[Any, Any, CheckReport]:
-        return run_check(self.server, endpoints=self.endpoints, tokens=self.tokens, timeout=self.timeout, load=self.load)
+        return run_check(self.server, endpoints=self.endpoints, tokens=self.tokens, timeout=self.timeout, load=self.load,
+                         spelling=API)
 
 
 @dataclass(frozen=True)
 class _Ask:
-    """What `check --exporter` asks, refused (before anything is sent) as `check` refuses it."""
+    """What `check --exporter` asks, refused (before anything is sent) as `check` refuses it, naming the arguments."""
 
     exporters: list[Exporter]
     servers: list[str]
@@ -115,16 +117,16 @@ class _Ask:
         password_file, ca_file, cert_file, key_file = (Path(f) if f is not None else None for f in files)
         given = {"exporter_username": username, "exporter_password_file": password_file, "exporter_cert_file": cert_file,
                  "exporter_key_file": key_file}
-        problem = exporter_flags_problem(given, CHECK)
+        problem = exporter_flags_problem(given, API)
         if problem is not None:
             raise ValueError(problem)
-        selected = [_argument(label_argument, f"{key}={value}") for key, value in (labels or {}).items()]
+        selected = [_argument("labels", label_argument, f"{key}={value}") for key, value in (labels or {}).items()]
         return cls([Exporter(url, username, password_file, ca_file, cert_file, key_file) for url in exporters],
-                   _texts(servers), selected, model, _argument(duration_argument, timeout))
+                   _texts(servers), selected, model, _argument("timeout", duration_argument, timeout))
 
     def run(self) -> Coroutine[Any, Any, AskReport]:
         return ask_exporters(self.exporters, servers=self.servers, labels=self.labels, model=self.model,
-                             timeout=self.timeout)
+                             timeout=self.timeout, spelling=API)
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -137,12 +139,13 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coroutine).result()
 
 
-def _argument(parse: Callable[[str], T], value: object) -> T:
-    """`check`'s parser of a flag on a value given in Python: its refusal, word for word, as a ValueError."""
+def _argument(name: str, parse: Callable[[str], T], value: object) -> T:
+    """`check`'s parser of a flag on a value given in Python: its refusal as a ValueError, after the argument's name as
+    argparse puts the flag's."""
     try:
         return parse(value if isinstance(value, str) else str(value))
     except argparse.ArgumentTypeError as err:
-        raise ValueError(str(err)) from None
+        raise ValueError(f"{name}: {err}") from None
 
 
 def _texts(value: str | Iterable[str]) -> list[str]:
@@ -153,4 +156,4 @@ def _texts(value: str | Iterable[str]) -> list[str]:
 def _endpoints(names: str | Iterable[str] | None) -> list[Endpoint]:
     """The endpoints asked for by name, every one when none is."""
     wanted = _texts(names) if names is not None else []
-    return [Endpoint(_argument(endpoint_argument, name)) for name in wanted] or list(Endpoint)
+    return [Endpoint(_argument("endpoints", endpoint_argument, name)) for name in wanted] or list(Endpoint)

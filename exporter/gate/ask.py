@@ -99,7 +99,9 @@ async def _document(fetcher: Fetcher, exporter: Exporter, query: str, timeout: f
         document = await fetcher.get_json(url, headers=headers, timeout=timeout)
     except ProbeFailure as failure:
         hint = {
-            "unauthorized": spelling.say("the exporter refused the credentials: give {exporter_username} and "
+            # As an API key's hint: credentials refused, or none sent to an exporter that asks for them.
+            "unauthorized": spelling.say(("the exporter refused the credentials" if exporter.username is not None else
+                                          "the exporter asks for credentials") + ": give {exporter_username} and "
                                          "{exporter_password_file} as its --web-config's basic_auth_users expects"),
             "not_found": f"no {VERDICTS_PATH} there: not a specwatch exporter, or one older than this check",
             "client_error": "the exporter refused the selection",

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 ENDPOINTS = tuple(e.value for e in Endpoint)
 DEFAULT_TOKENS = 48
 DEFAULT_TIMEOUT = 60.0
-ASKING = "asking a running specwatch instead (sends no canary; for servers behind a load balancer, see the README)"
-"""The options of the exporter form, as `specwatch check --help` and `pytest --help` group them."""
+ASKING = "asking a running specwatch instead (sends no canary; for servers behind a load balancer, {details})"
+"""The options of the exporter form, as `specwatch check --help` and `pytest --help` group them (`Spelling.say` it)."""
 
 
 class Mode(StrEnum):
@@ -39,10 +39,13 @@ class Spelling:
 
     prefix: str
     details: str
-    """Where the cost of a shorter check is told, as that front end's help says it."""
+    """Where more is told (the cost of a shorter check, the gate behind a load balancer), as that front end's help says it."""
+    separator: str = "-"
+    names: Mapping[str, str] = field(default_factory=dict)
+    """Options this front end names otherwise than prefix and name: the Python API's keyword arguments."""
 
     def flag(self, name: str) -> str:
-        return self.prefix + name.replace("_", "-")
+        return self.names.get(name, self.prefix + name.replace("_", self.separator))
 
     def say(self, template: str, **values: str) -> str:
         """A message worded once, with this front end's flags: "{api_key_file}" becomes "--api-key-file" for check."""
@@ -51,6 +54,11 @@ class Spelling:
 
 CHECK = Spelling("--", "see below")
 PLUGIN = Spelling("--specwatch-", "see specwatch check --help")
+API = Spelling("", "see specwatch check --help", "_", {
+    "endpoint": "endpoints", "exporter": "exporter_url", "server": "servers", "label": "labels",
+    "exporter_username": "username", "exporter_password_file": "password_file", "exporter_ca_file": "ca_file",
+    "exporter_cert_file": "cert_file", "exporter_key_file": "key_file"})
+"""specwatch.check's and specwatch.ask's keyword arguments: a refusal names what the caller passed."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,8 @@ SELECTING = ("server", "label")
 # Usage problems, worded once; each front end fills in its own flags.
 ONE_WAY = "give a server's URL to canary it, or {exporter} URL to ask a running specwatch (one of the two)"
 WITH_EXPORTER = "{flags} cannot be used with {exporter}: {exporter} sends no canary"
-WITHOUT_EXPORTER = "{flags} cannot be used without {exporter}: they select what {exporter} reports"
+WITHOUT_EXPORTER = ("{flags} cannot be used without {exporter}: asking a running specwatch takes them, canarying a "
+                    "server's URL does not")
 SELECTION_ALONE = "{flags} select what {exporter} reports: give {exporter} URL too"
 KEY_NEEDS_CERT = "{exporter_key_file} needs {exporter_cert_file}"
 PASSWORD_NEEDS_USER = "{exporter_password_file} needs {exporter_username}"

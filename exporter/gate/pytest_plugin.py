@@ -52,7 +52,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     targets = "canary this llama-server before the session (repeatable); no test runs unless it is clean"
     group.addoption(f"--{TARGETS}", action="append", dest=TARGETS, metavar="URL", help=targets)
     parser.addini(TARGETS, f"{targets} (as --{TARGETS})", type="args", default=[])
-    asking = parser.getgroup(f"{GROUP}-exporter", f"specwatch: {ASKING}")
+    asking = parser.getgroup(f"{GROUP}-exporter", f"specwatch: {PLUGIN.say(ASKING)}")
     for option in OPTIONS:
         text = PLUGIN.say(option.help)
         where = asking if option.mode is Mode.EXPORTER else group
