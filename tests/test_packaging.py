@@ -46,6 +46,12 @@ def test_both_commands_build_llama_cpp_with_the_same_flags_and_the_tests_build_i
     assert "CMAKE_ARGS" not in tests and "pip install -e '.[test]' && python -m tests.support.llamabuild && python -m pytest" in tests
 
 
+def test_the_plugins_pytest_requires_come_with_the_test_extra() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    required = pyproject["tool"]["pytest"]["ini_options"]["required_plugins"]
+    assert required and set(required) <= set(pyproject["project"]["optional-dependencies"]["test"])
+
+
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert _setup_commands()[1] in ci.splitlines()

