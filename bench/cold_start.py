@@ -46,7 +46,9 @@ class LoadSampler:
             self._stop.wait(self._every)
 
     def between(self, start: float, end: float) -> str:
-        values = [load for at, load in self.samples if start <= at <= end]
+        # A step shorter than the sampling interval gets the sample taken last before it ended.
+        before = [load for at, load in self.samples if at <= end]
+        values = [load for at, load in self.samples if start <= at <= end] or before[-1:]
         return f"{sum(values) / len(values):.1f} (max {max(values):.1f})" if values else "-"
 
     def __enter__(self) -> LoadSampler:
