@@ -1,8 +1,9 @@
-"""Shared fixtures: fake fleets over httpx.MockTransport, a clock the test moves, logging put back after a test."""
+"""Shared fixtures (fake fleets over httpx.MockTransport, a clock the test moves, logging put back) and the suite's workers."""
 
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 
 import httpx
@@ -16,6 +17,9 @@ from specwatch.state import Fleet
 from tests.support import llamabuild
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
+
+# Most real tests wait on what they started (servers, daemons, intervals going by), not on a CPU.
+WORKERS_PER_CPU = 3
 
 
 class FakeClock:
@@ -80,3 +84,18 @@ def _a_process_makes_a_test_real(request: pytest.FixtureRequest, monkeypatch: py
         raise AssertionError(f"this test starts a process ({args!r}): mark it @pytest.mark.real")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many workers `-n auto`, the suite's default, starts: WORKERS_PER_CPU per CPU."""
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a slow test first, then files with a real one: the long files start first instead of ending last."""
+    # Each file goes to one worker whole, in this order (--dist loadfile --no-loadscope-reorder).
+    group: dict[pathlib.Path, int] = {}
+    for item in items:
+        rank = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("real") else 2
+        group[item.path] = min(group.get(item.path, 2), rank)
+    items.sort(key=lambda item: group[item.path])

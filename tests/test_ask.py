@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -305,11 +306,17 @@ class DaemonThread:
         self.thread.start()
         return self
 
-    def stall(self, seconds: float) -> None:
-        """Block the daemon's event loop (its web thread still answers), as a daemon stuck on something would."""
-        import time
+    @contextlib.contextmanager
+    def stalled(self, longest: float = 60.0) -> Iterator[None]:
+        """Block the daemon's event loop (its web thread still answers) until the block ends, as a stuck daemon would."""
+        import threading
 
-        self.loop.call_soon_threadsafe(time.sleep, seconds)
+        release = threading.Event()
+        self.loop.call_soon_threadsafe(release.wait, longest)
+        try:
+            yield
+        finally:
+            release.set()
 
     def __exit__(self, *exc: object) -> None:
         self.loop.call_soon_threadsafe(self.daemon.stop)
@@ -393,11 +400,15 @@ def test_check_exporter_needs_the_credentials(real_fleet) -> None:
 
 @pytest.mark.real
 def test_a_stuck_daemons_clean_is_stale(real_fleet) -> None:
-    import time
+    from tests.support.waiting import wait_until
 
     daemon, auth = real_fleet
     assert _cli(daemon.url, *auth, "--label", "pool=serve")[0] == 0
-    daemon.stall(6)
-    time.sleep(4)  # more than 3 poll intervals without a poll
-    code, report = _cli(daemon.url, *auth, "--label", "pool=serve")
+    with daemon.stalled():
+        def no_longer_clean() -> tuple[int, dict] | None:
+            code, report = _cli(daemon.url, *auth, "--label", "pool=serve")
+            return (code, report) if report["verdict"] != "clean" else None
+
+        # Stale after 3 poll intervals (1 s here) without a poll: the block lasts until the answer has turned.
+        code, report = wait_until("the stuck daemon's clean to turn stale", no_longer_clean, timeout=30, interval=0.5)
     assert (code, report["verdict"]) == (2, "unchecked") and "stale" in report["summary"], report["summary"]

