@@ -124,8 +124,10 @@ def test_inert_without_its_options(pytester: pytest.Pytester, monkeypatch: pytes
 
         def test_nothing_of_specwatch_was_loaded(request):
             loaded = sorted(m for m in sys.modules if m.startswith("specwatch."))
-            # The option table, and the names of the canary's endpoints that --specwatch-endpoint takes.
-            assert loaded == ["specwatch.endpoints", "specwatch.gate", "specwatch.gate.options", "specwatch.gate.pytest_plugin"], loaded
+            # The option table, the names of the canary's endpoints that --specwatch-endpoint takes, and the release
+            # the package root holds.
+            assert loaded == ["specwatch.endpoints", "specwatch.gate", "specwatch.gate.options", "specwatch.gate.pytest_plugin",
+                              "specwatch.version"], loaded
             assert request.config.pluginmanager.has_plugin("specwatch") or request.config.pluginmanager.has_plugin(
                 "specwatch.gate.pytest_plugin")
     """)
