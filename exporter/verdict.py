@@ -74,7 +74,7 @@ def _unproven_kinds(endpoints: Sequence[EndpointEvidence]) -> list[str]:
     endpoint had one long enough that the types drafting there would have drafted."""
     proven = set()
     for evidence in endpoints:
-        spec = TABLE.get(evidence.endpoint)  # type: ignore[call-overload]  # StrEnum keys: the plain value finds them
+        spec = next((spec for endpoint, spec in TABLE.items() if endpoint.value == evidence.endpoint), None)
         if spec is not None and evidence.tally is not None and evidence.tally.tokens >= spec.proof.tokens:
             proven.add(spec.proof)
     return [f"{proof.tokens} tokens or more on a {proof.kind} endpoint "
