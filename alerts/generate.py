@@ -196,6 +196,15 @@ _ENDPOINTS = (
     "$labels.job $labels.server $labels.model | query }} Endpoints serving them: "
     '{{ range $i, $s := sortByLabel "endpoint" . }}{{ if $i }}, {{ end }}{{ $s.Labels.endpoint }}{{ end }}.{{ end }}'
 )
+# The alert fires on the first proof, while the round of every endpoint after a restart or change may still run, and
+# Alertmanager does not send the page again when the list grows: the endpoints no replica has canaried since are named
+# as such, so a page never reads as "only these endpoints" when the others are merely not yet known.
+_PENDING = (
+    '{{ with printf "max by (endpoint) (specwatch_canary_checked{job=%q, server=%q, model=%q}) == 0" '
+    "$labels.job $labels.server $labels.model | query }} Not yet canaried since the server started or changed, so "
+    'count them as serving fill-ins too: {{ range $i, $s := sortByLabel "endpoint" . }}{{ if $i }}, {{ end }}'
+    "{{ $s.Labels.endpoint }}{{ end }}.{{ end }}"
+)
 
 
 def alerts(c: RulesConfig) -> list[Alert]:
@@ -212,7 +221,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "critical",
             "llama-server {{ $labels.server }} serves fill-in logprobs",
             f"specwatch's canary on {{{{ $labels.server }}}}{_MODEL} got fill-in logprobs: tokens after the first with "
-            f"logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding.{_ENDPOINTS} Every eval "
+            f"logprob 0.0 (prob 1.0) and no alternatives, produced by speculative decoding.{_ENDPOINTS}{_PENDING} Every eval "
             "reading logprobs from this server now scores placeholders. Stop scoring against it, restart it without "
             "speculative decoding (drop -md/--model-draft and --spec-type), and re-run the evals it served.",
             keep_firing_for=RESTART_BRIDGE,

@@ -18,11 +18,13 @@ from alerts.generate import ConfigError, Recorded, RulesConfig
 from specwatch.daemon.discovery import SourceStatus
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
+from tests.support import markdown
 from tests.support.chain import (
     ALERTS,
     EXAMPLES,
     RULES,
     RUNBOOK_BASE,
+    RUNBOOKS,
     alert_rules,
     dashboard_queries,
     metric_names,
@@ -249,6 +251,22 @@ def test_every_alert_has_a_name_severity_and_templated_annotations() -> None:
 def test_only_fill_ins_and_an_unwatched_fleet_page() -> None:
     critical = [a["alert"] for a in alert_rules() if a["labels"]["severity"] == "critical"]
     assert critical == ["SpecwatchServingFillInLogprobs", "SpecwatchFleetUnwatched"]
+
+
+def test_the_pages_runbook_reads_both_endpoint_lists_and_clears_none_the_page_leaves_out() -> None:
+    (page,) = [a for a in alert_rules() if a["alert"] == "SpecwatchServingFillInLogprobs"]
+    text = " ".join(markdown.section(RUNBOOKS, "SpecwatchServingFillInLogprobs").split())
+    # Each list the description can hold is named in the runbook by the words on-call reads on the page.
+    lists = re.findall(r"\| query \}\} ([^{:,]+)", page["annotations"]["description"])
+    assert lists == ["Endpoints serving them", "Not yet canaried since the server started or changed"]
+    for heading in lists:
+        assert f"*{heading}*" in text
+    assert "specwatch_canary_checked == 0" in text
+    assert "Treat them exactly like the first list" in text
+    # An endpoint is cleared by a canary that drafted with real logprobs, never by being absent from the page.
+    assert "Never let evals go on against an endpoint because the page does not name it" in text
+    assert "Only `specwatch check URL --endpoint ENDPOINT` exiting 0 clears one" in text
+    assert not re.search(r"not named may go on|endpoints not named[^.]*go on", text)
 
 
 def test_every_runbook_url_points_at_an_existing_section() -> None:

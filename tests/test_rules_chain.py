@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import urllib.request
@@ -14,6 +15,7 @@ import yaml
 
 from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
 from specwatch.demo.tinymodel import write_cycle_model
+from specwatch.endpoints import Endpoint
 from tests.support.chain import (
     EXAMPLES,
     Delivery,
@@ -168,6 +170,10 @@ def test_the_speculating_server_pages_with_its_labels_and_annotations(chain: Cha
     assert annotations["summary"] == "llama-server draft serves fill-in logprobs"
     assert annotations["description"].startswith("specwatch's canary on draft got fill-in")
     assert "restart it without speculative decoding" in annotations["description"]
+    # However far its first round had come when it paged, every endpoint is named: serving fill-ins or not yet canaried.
+    named = re.findall(r"(?:Endpoints serving them|count them as serving fill-ins too): ([a-z0-9_, ]+)\.",
+                       annotations["description"])
+    assert sorted(e for group in named for e in group.split(", ")) == sorted(e.value for e in Endpoint), annotations
     assert annotations["runbook_url"] == rule["annotations"]["runbook_url"]
     assert chain.latency < 45
 

@@ -321,3 +321,31 @@ async def test_check_asks_slots_every_time(clock) -> None:
     await run_check(ServerConfig(name="x", url="http://srv:8080"), endpoints=[Endpoint.CHAT], tokens=8, timeout=5,
                     connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
     assert _paths(fake)[:2] == ["/props", "/slots"]
+
+
+async def test_canary_checked_is_0_for_every_endpoint_until_canaried_since_the_server_changed(make_watcher) -> None:
+    fake = FakeLlama.plain()
+    watcher = make_watcher({"a": fake}, canary_endpoints=["completion", "chat"])
+    await watcher.poll("a")
+    s = _samples(watcher)
+    assert [value(s, "specwatch_canary_checked", server="a", endpoint=e) for e in ("completion", "chat")] == [0, 0]
+    await watcher.canary("a")
+    s = _samples(watcher)
+    assert [value(s, "specwatch_canary_checked", server="a", endpoint=e) for e in ("completion", "chat")] == [1, 1]
+    # A restart with speculation on: what the canaries found before says nothing about the new process.
+    fake.speculative, fake.fill_ins, fake.drafts = True, set(range(1, 32)), 32
+    fake.media_marker = "<__media_anotherProcessAnotherProcessAnotherPr__>"
+    await watcher.poll("a")
+    s = _samples(watcher)
+    assert [value(s, "specwatch_canary_checked", server="a", endpoint=e) for e in ("completion", "chat")] == [0, 0]
+    assert value(s, "specwatch_canary_placeholder_tokens", server="a", endpoint="chat") is None
+    # A canary that fails proves nothing either.
+    fake.api_key = "now-protected"
+    await watcher.canary("a")
+    s = _samples(watcher)
+    assert [value(s, "specwatch_canary_checked", server="a", endpoint=e) for e in ("completion", "chat")] == [0, 0]
+    fake.api_key = None
+    await watcher.canary("a")
+    s = _samples(watcher)
+    assert [value(s, "specwatch_canary_checked", server="a", endpoint=e) for e in ("completion", "chat")] == [1, 1]
+    assert value(s, "specwatch_canary_placeholder_tokens", server="a", endpoint="chat") == 31

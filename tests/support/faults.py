@@ -104,6 +104,18 @@ class Hang:
 
 
 @dataclass
+class Late:
+    """The healthy answer, `seconds` late: an endpoint slow to answer, as a large model's is."""
+
+    seconds: float
+
+    async def play(self, exchange: Exchange) -> bool:
+        await asyncio.sleep(self.seconds)
+        exchange.connection.send(exchange.healthy(), exchange.closing)
+        return True
+
+
+@dataclass
 class Trickle:
     """Prompt headers, then a body one byte at a time: every read is quick, the whole never arrives in time."""
 

@@ -64,6 +64,9 @@ SERVER: tuple[Family, ...] = (
     Family("specwatch_canary_duration_seconds", "gauge", ("endpoint",), "Wall time of the last canary of the endpoint."),
     Family("specwatch_canary_last_success_timestamp_seconds", "gauge", ("endpoint",),
            "Unix time of the last successful canary of the endpoint."),
+    Family("specwatch_canary_checked", "gauge", ("endpoint",),
+           "1 when the endpoint has had a successful canary since the server was first seen or last changed (a "
+           "restart, another build, speculation on or off), 0 while it waits for one: its other canary series are absent."),
     Family("specwatch_canaries", "counter", ("outcome",), "Canaries by outcome (success, failure); both from the first canary."),
     Family("specwatch_canary_failures", "counter", ("endpoint", "reason"),
            "Failed canaries by endpoint and reason (a closed set; see the README)."),

@@ -100,6 +100,11 @@ def canary_samples(out: Sink, server: ServerState) -> None:
 def _model_canaries(out: Sink, model: ModelState, extra: Extra) -> None:
     for endpoint, canary in sorted(model.canaries.items()):
         _endpoint(out, (("endpoint", endpoint.value), *extra), canary)
+    # Every configured endpoint, canaried or not: a page names those still waiting instead of leaving them out.
+    for endpoint in sorted(model.endpoints):
+        canary = model.canaries.get(endpoint)
+        checked = canary is not None and canary.tally is not None
+        out.add("specwatch_canary_checked", (("endpoint", endpoint.value), *extra), int(checked))
     for outcome in OUTCOMES:
         out.add("specwatch_canaries", (*extra, ("outcome", outcome)), model.canary_outcomes.get(outcome, 0))
     for (endpoint, reason), count in sorted(model.canary_failures.items()):
@@ -180,7 +185,8 @@ def _answers_key(server: ServerState) -> tuple[object, ...]:
 
 def _canaries_key(server: ServerState) -> tuple[object, ...]:
     # Kept by identity through polls, replaced by each canary.
-    return tuple((key, m.canaries, m.canary_failures, m.canary_outcomes, m.canary_tokens) for key, m in server.models.items())
+    return tuple((key, m.endpoints, m.canaries, m.canary_failures, m.canary_outcomes, m.canary_tokens)
+                 for key, m in server.models.items())
 
 
 def _verdict_key(server: ServerState) -> tuple[object, ...]:
@@ -206,7 +212,8 @@ GROUPS: tuple[Group, ...] = (
            "specwatch_server_info")),
     Group(canary_samples, _canaries_key,
           ("specwatch_canary_success", "specwatch_canary_duration_seconds", "specwatch_canary_last_success_timestamp_seconds",
-           "specwatch_canary_placeholder_ratio", "specwatch_canary_tokens", "specwatch_canary_placeholder_tokens",
+           "specwatch_canary_checked", "specwatch_canary_placeholder_ratio", "specwatch_canary_tokens",
+           "specwatch_canary_placeholder_tokens",
            "specwatch_canary_mean_logprob", "specwatch_canary_draft_tokens", "specwatch_canaries",
            "specwatch_canary_failures", "specwatch_canary_requested_tokens", "specwatch_canary_generated_tokens",
            "specwatch_serving_placeholders")),
