@@ -282,7 +282,8 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "SpecwatchFleetServingFillInLogprobs",
             "A fleet that flips at once pages once: one alert per server of the flip (FLIP_* in alerts/generate.py say "
             "when), grouped per job, pool and build in examples/alertmanager.yml, where it inhibits those servers' own "
-            "pages. It fires in the same evaluation as they do, so they are inhibited before their group_wait ends. "
+            "pages. It reads what they read, in the same group, so it fires in the evaluation the flip is seen in: the pages "
+            "of the servers proven until then are inhibited if that is within their group_wait. "
             "keep_firing_for as the page's: both end together, and a server still bad once the flip is over pages on "
             "its own.",
             _flip(c),
