@@ -49,6 +49,17 @@ class Recorded:
     DRAFTED_SHARE = "server_model:llamacpp_drafted_tokens:ratio_rate5m"
 
 
+# A fleet flips at once when an upgrade turns speculative decoding on for every server of a build (llama.cpp PR #28391:
+# ngram-mod on by default): every server of that build serves fill-ins, while a server misconfigured by hand is one
+# among its build's clean peers. A flip is told per build the servers report and per pool (the static `pool` label;
+# servers without one are one pool), and needs both: FLIP_SERVERS of them, so a small pool's coincidence still pages
+# per server with its endpoints named; and FLIP_SHARE of the build's servers with a verdict, so one bad server in a big
+# fleet of that build stays its own incident. In a wave of hundreds within a canary interval the first FLIP_SERVERS are
+# proven within seconds, inside the per-server page's group_wait, so their pages are inhibited too.
+FLIP_BY = ("job", "pool", "build")
+FLIP_SERVERS = 5
+FLIP_SHARE = 0.5
+
 # Labels the rules group and match by: aggregating one of them away would merge what the alerts tell apart.
 KEPT_LABELS = frozenset({"job", "server", "model", "endpoint", "verdict"})
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -207,6 +218,32 @@ _PENDING = (
 )
 
 
+def _fill_ins_by_build(c: RulesConfig) -> str:
+    """Each server's fill-in verdict (0 or 1) with the build it reports; topk keeps one build where replicas disagree."""
+    return (f'max {c.without("verdict")} (specwatch_verdict{{verdict="fill_ins"}})\n'
+            "  * on (job, server) group_left (build)\n"
+            "topk by (job, server) (1, max by (job, server, build) (specwatch_server_info))")
+
+
+def _indented(expr: str, pad: str) -> str:
+    return pad + expr.replace("\n", "\n" + pad)
+
+
+def _flip(c: RulesConfig) -> str:
+    """The servers serving fill-ins of a build that flipped, each valued with how many servers of its build serve them."""
+    by, each = ", ".join(FLIP_BY), _indented(_fill_ins_by_build(c), "    ")
+    return ("(\n"
+            f"  sum by ({by}) (\n{each}\n  ) >= {FLIP_SERVERS}\n"
+            f"  and on ({by})\n"
+            f"  avg by ({by}) (\n{each}\n  ) >= {FLIP_SHARE}\n"
+            ")\n"
+            f"  * on ({by}) group_right ()\n"
+            f"(\n{_indented(_fill_ins_by_build(c), '  ')}\n  == 1\n)")
+
+
+_POOL = "{{ with $labels.pool }}, pool {{ . }}{{ end }}"
+
+
 def alerts(c: RulesConfig) -> list[Alert]:
     up = f"up{{{c.job_selector}}}"
     unchecked = _held('specwatch_verdict{verdict="unchecked"}')
@@ -249,6 +286,26 @@ def alerts(c: RulesConfig) -> list[Alert]:
             "Bring the missing replicas back (kubectl get pods / systemctl status specwatch@*), or fix the scrape config. "
             "While this fires, nothing else about those servers can fire.",
             for_="5m",
+        ),
+        Alert(
+            "SpecwatchFleetServingFillInLogprobs",
+            "A fleet that flips at once pages once: one alert per server of the flip (FLIP_* in alerts/generate.py say "
+            "when), grouped per job, pool and build in examples/alertmanager.yml, where it inhibits those servers' own "
+            "pages. It reads what they read, in the same group, so it fires in the evaluation the flip is seen in: the pages "
+            "of the servers proven until then are inhibited if that is within their group_wait. "
+            "keep_firing_for as the page's: both end together, and a server still bad once the flip is over pages on "
+            "its own.",
+            _flip(c),
+            "critical",
+            "llama-servers of build {{ $labels.build }} serve fill-in logprobs all at once (job {{ $labels.job }}"
+            f"{_POOL})",
+            f"{{{{ $labels.server }}}}{_MODEL} serves fill-in logprobs, as did {{{{ $value }}}} servers of build "
+            f"{{{{ $labels.build }}}} in job {{{{ $labels.job }}}}{_POOL} when it was found, at least {FLIP_SHARE:.0%} of "
+            "that build's servers there: one cause, most likely a build that turns speculative decoding on by default "
+            "(llama.cpp PR #28391, ngram-mod). This notification lists every server of the flip, one alert each; their "
+            "own pages are inhibited while it fires. Stop scoring evals against this build, restart its servers with "
+            "--no-spec-type (or roll the build back), and re-run the evals they served.",
+            keep_firing_for=RESTART_BRIDGE,
         ),
         Alert(
             "SpecwatchLogprobsUnproven",

@@ -248,9 +248,19 @@ def test_every_alert_has_a_name_severity_and_templated_annotations() -> None:
             assert "$labels.server" in annotations["description"], f"{name} description does not name the server"
 
 
-def test_only_fill_ins_and_an_unwatched_fleet_page() -> None:
+def test_only_fill_ins_a_fleet_flip_and_an_unwatched_fleet_page() -> None:
     critical = [a["alert"] for a in alert_rules() if a["labels"]["severity"] == "critical"]
-    assert critical == ["SpecwatchServingFillInLogprobs", "SpecwatchFleetUnwatched"]
+    assert critical == ["SpecwatchServingFillInLogprobs", "SpecwatchFleetUnwatched", "SpecwatchFleetServingFillInLogprobs"]
+
+
+def test_the_fleet_page_inhibits_only_the_pages_of_its_own_servers() -> None:
+    example = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+    rules = [r for r in example["inhibit_rules"] if r["source_matchers"] == ['alertname = "SpecwatchFleetServingFillInLogprobs"']]
+    assert rules == [{"source_matchers": ['alertname = "SpecwatchFleetServingFillInLogprobs"'],
+                      "target_matchers": ['alertname = "SpecwatchServingFillInLogprobs"'],
+                      "equal": ["job", "pool", "server", "model"]}]
+    (route,) = [r for r in example["route"]["routes"] if r["matchers"] == ['alertname = "SpecwatchFleetServingFillInLogprobs"']]
+    assert route["receiver"] == "specwatch-page" and route["group_by"] == ["alertname", "job", "pool", "build"]
 
 
 def test_the_pages_runbook_reads_both_endpoint_lists_and_clears_none_the_page_leaves_out() -> None:
