@@ -88,6 +88,12 @@ async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch:
                 if cycle in (WARM, CYCLES):
                     await asyncio.sleep(1.5)  # pools of the previous cycles idle past IDLE_POOL_SECONDS
                     await asyncio.to_thread(_scrape, port)
+                    # Both samples between probes: a probe in flight holds its own objects (a busy machine has more of
+                    # them in flight at any moment), which say nothing of what outlives a server.
+                    for _ in range(300):
+                        if not daemon.watcher._in_flight:
+                            break
+                        await asyncio.sleep(0.01)
                     gc.collect()
                     seen.append({"cycle": cycle, "objects": len(gc.get_objects()), "rss_kb": _rss_kb(), **_held(daemon)})
         finally:
