@@ -87,8 +87,9 @@ def assert_neighbour_healthy(samples: dict, took: dict[str, float]) -> None:
     assert value(samples, "specwatch_up", server=NEIGHBOUR) == 1
     assert value(samples, "specwatch_speculation_enabled", server=NEIGHBOUR, source="slots") == 1
     assert server_series(samples, NEIGHBOUR, "specwatch_poll_failures_total") == []
-    # A slow or broken server never delays its neighbour: the healthy poll is done long before any timeout.
-    assert took[NEIGHBOUR] < TIMEOUT / 2
+    # A slow or broken server never delays its neighbour: the healthy poll is done before the timeout a hung neighbour
+    # would have made it wait (a bound that leaves room for a busy machine, not for a poll held up by another).
+    assert took[NEIGHBOUR] < TIMEOUT
 
 
 @dataclass(frozen=True)
