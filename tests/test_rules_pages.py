@@ -99,8 +99,11 @@ def test_a_page_sent_before_the_round_ends_names_the_endpoints_not_yet_canaried(
                                     processes=processes)
         latency = delivery.at - restarted
         serving, pending = (_named(page["annotations"]["description"], p) for p in (SERVING, PENDING))
-        # Sent before the chat canaries ended, the page names them as not yet canaried: no endpoint left out.
-        assert pending and pending <= {"chat", "chat_stream"}, page["annotations"]["description"]
+        # Sent before the round ended (chat answers late; on a busy machine other canaries may still be running too),
+        # the page names what is not yet canaried as such: no endpoint left out.
+        assert pending, page["annotations"]["description"]
+        if latency < CHAT_LATE:
+            assert {"chat", "chat_stream"} <= pending, page["annotations"]["description"]
         assert serving | pending == every and not serving & pending, page["annotations"]["description"]
 
         # The round ends: the alert now names all seven as serving and none pending, but no second page is sent.
