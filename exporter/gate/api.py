@@ -40,7 +40,7 @@ def check(
     load: bool = False,
 ) -> CheckReport:
     """`specwatch check URL`: the report `--json` prints (`.as_json()`), from plain code or inside a running event loop."""
-    return _run(_Check.of(url, api_key_file, api_key_env, model, endpoints, tokens, timeout, load).run())
+    return run_to_end(_Check.of(url, api_key_file, api_key_env, model, endpoints, tokens, timeout, load).run())
 
 
 async def acheck(
@@ -59,7 +59,7 @@ def ask(
     timeout: float | str = DEFAULT_TIMEOUT,
 ) -> AskReport:
     """`specwatch check --exporter URL...` (one URL or several): the verdicts daemons hold for the selection, no canary."""
-    return _run(_Ask.of(exporter_url, labels, servers, model, username, (password_file, ca_file, cert_file, key_file),
+    return run_to_end(_Ask.of(exporter_url, labels, servers, model, username, (password_file, ca_file, cert_file, key_file),
                         timeout).run())
 
 
@@ -129,7 +129,7 @@ class _Ask:
                              timeout=self.timeout, spelling=API)
 
 
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run a check to its end from plain code, or from code inside a running event loop (in a thread of its own)."""
     try:
         asyncio.get_running_loop()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import concurrent.futures
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -166,16 +164,6 @@ class Outcome:
         return self.report.exit_code == 0
 
 
-def _run(coro: Any) -> Any:
-    """Run a check to its end, from a plain test or fixture or from one inside a running event loop (pytest-asyncio)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 @dataclass
 class Gate:
     """The checks of one session, each made once: the same target with the same options gets the same outcome."""
@@ -193,12 +181,13 @@ class Gate:
 
     def _canary(self, url: str, defaults: Defaults) -> Outcome:
         from ..endpoints import Endpoint
+        from .api import run_to_end
         from .check import render_text, run_check
 
         server = server_config(url, defaults)
         endpoints = [Endpoint(e) for e in defaults.endpoints] if defaults.endpoints else list(Endpoint)
         with logs_to_stderr():
-            report = _run(run_check(server, endpoints=endpoints, tokens=defaults.tokens, timeout=defaults.timeout,
+            report = run_to_end(run_check(server, endpoints=endpoints, tokens=defaults.tokens, timeout=defaults.timeout,
                                     load=defaults.load, spelling=PLUGIN))
         return Outcome(url, report, render_text(report))
 
@@ -212,12 +201,13 @@ class Gate:
         return self.done[key]
 
     def _ask(self, urls: Sequence[str], defaults: Defaults) -> Outcome:
+        from .api import run_to_end
         from .ask import Exporter, ask, render_text
 
         exporters = [Exporter(url, defaults.exporter_username, defaults.exporter_password_file, defaults.exporter_ca_file,
                               defaults.exporter_cert_file, defaults.exporter_key_file) for url in urls]
         with logs_to_stderr():
-            report = _run(ask(exporters, servers=list(defaults.servers), labels=list(defaults.labels), model=defaults.model,
+            report = run_to_end(ask(exporters, servers=list(defaults.servers), labels=list(defaults.labels), model=defaults.model,
                               timeout=defaults.timeout, spelling=PLUGIN))
         selection = [f"server={s}" for s in defaults.servers] + [f"label={k}={v}" for k, v in defaults.labels]
         if defaults.model:
