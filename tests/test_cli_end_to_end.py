@@ -273,8 +273,23 @@ def test_a_kept_running_demo_stopped_by_a_signal_stops_everything_it_started(sto
         urls = [word for line in lines for word in line.split() if word.startswith("http://127.0.0.1:")]
         started = {url.rstrip("/") for url in urls if not url.endswith("/metrics")}
         assert len(started) == 5, "".join(lines)  # three llama-servers, the router and the exporter
-        assert all(httpx.get(f"{url}/health" if url.rsplit(":", 1)[1] != str(port) else f"{url}/-/healthy").is_success
-                   for url in started)
+
+        def unhealthy() -> list[str]:
+            down = []
+            for url in sorted(started):
+                try:
+                    healthy = httpx.get(f"{url}/health" if url.rsplit(":", 1)[1] != str(port) else f"{url}/-/healthy",
+                                        timeout=10).is_success
+                except httpx.HTTPError:
+                    healthy = False
+                if not healthy:
+                    down.append(url)
+            return down
+
+        # Every one answers, so each is a process that the signal must stop (a router may still be loading its models
+        # when the demo says it runs: wait for it, on a busy machine longer).
+        wait_until("every server the demo started to answer healthy", lambda: not unhealthy(), timeout=60, interval=0.5,
+                   alive=demo)
         demo.send_signal(stop)
         assert demo.wait(30) == 0
         for url in started:

@@ -27,6 +27,7 @@ from specwatch.reasons import Reason
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
+from tests.support.process import favoured
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
 from tests.support.wire import FakeLlama
 
@@ -38,8 +39,9 @@ POLL_INTERVAL = 10.0
 
 @pytest.fixture(scope="module")
 def thousand_servers() -> Iterator[SimFleetProcess]:
-    # A process of its own, so the fleet's CPU does not slow the daemon's event loop.
-    with SimFleetProcess(FleetOptions(servers=FLEET, base_port=0, spec_share=0.2, latency_ms=5.0)) as fleet:
+    # A process of its own, so the fleet's CPU does not slow the daemon's event loop; ahead of the machine's other
+    # work for a CPU, as the daemon is in the test, so that a thousand polls in one interval is the daemon's doing.
+    with favoured(), SimFleetProcess(FleetOptions(servers=FLEET, base_port=0, spec_share=0.2, latency_ms=5.0)) as fleet:
         yield fleet
 
 
@@ -50,20 +52,21 @@ async def test_a_thousand_servers_are_all_polled_within_one_interval(thousand_se
     daemon = Daemon(config, load_settings(config))
     port = free_port()
     requests_before = thousand_servers.stats()["by_path"].get("/props", 0)
-    started = time.time()
-    running = asyncio.create_task(daemon.run("127.0.0.1", port))
-    first_success: dict[str, float] = {}
-    try:
-        while time.time() < started + 3 * POLL_INTERVAL and len(first_success) < FLEET:
-            await asyncio.sleep(0.25)
-            for server in daemon.fleet.snapshot():
-                if server.poll_success and server.config.name not in first_success:
-                    first_success[server.config.name] = time.time() - started
-        scrape = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
-        snapshot = daemon.fleet.snapshot()
-    finally:
-        daemon.stop()
-        await asyncio.wait_for(running, 30)
+    with favoured():  # the daemon runs on this thread's event loop
+        started = time.time()
+        running = asyncio.create_task(daemon.run("127.0.0.1", port))
+        first_success: dict[str, float] = {}
+        try:
+            while time.time() < started + 3 * POLL_INTERVAL and len(first_success) < FLEET:
+                await asyncio.sleep(0.25)
+                for server in daemon.fleet.snapshot():
+                    if server.poll_success and server.config.name not in first_success:
+                        first_success[server.config.name] = time.time() - started
+            scrape = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+            snapshot = daemon.fleet.snapshot()
+        finally:
+            daemon.stop()
+            await asyncio.wait_for(running, 30)
 
     assert len(first_success) == FLEET, f"{FLEET - len(first_success)} servers were never polled successfully"
     latest = max(first_success.values())
