@@ -18,6 +18,9 @@ from typing import Any
 from tests.support.net import HOST
 from tests.support.waiting import wait_until
 
+HANG = 600.0
+"""A subprocess timeout that catches a hang and nothing else: on a starved machine a command of seconds took minutes."""
+
 
 def _stop_group(process: subprocess.Popen, timeout: float) -> None:
     """SIGTERM to the child's process group, SIGKILL if it lingers, then SIGKILL for anything the leader left behind."""
