@@ -1,0 +1,238 @@
+"""Replicas compared: who is whose peer, what a model file and a canary answer show of it, and the group's majority."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from statistics import median
+from typing import Generic, Protocol, TypeVar
+
+OPT_OUT = "none"
+"""The `peer_group` that takes a server out of every comparison."""
+DEFAULT_TOLERANCE = 0.5
+"""How far a real token's logprob (or an alternative's) may move with the same tokens: measured up to 0.081 (0.40 for
+alternatives) on replicas of one file and build with other requests decoding beside the canary."""
+DEFAULT_CONFIRMATIONS = 3
+"""Fresh canary answers in a row that must disagree before an answer disagreement counts; a fingerprint counts at once."""
+FINGERPRINT, TOKENS, LOGPROBS = "fingerprint", "tokens", "logprobs"
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V", bound=Hashable)
+
+
+def group_of(configured: str | None, reported: str, *, whole_server: bool = True) -> str | None:
+    """The peer group of one watched model, None for none: the configured one (a router's models each get their own
+    within it), else the model name the server reports, without a .gguf ending so a file and its alias stem meet."""
+    if configured == OPT_OUT:
+        return None
+    if configured:
+        return configured if whole_server or not reported else f"{configured}/{reported}"
+    name = reported.removesuffix(".gguf")
+    return name or None
+
+
+def member_name(server: str, model: str) -> str:
+    """How a comparison names a watched model: its server, and a router's model id after a slash."""
+    return f"{server}/{model}" if model else server
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a server says of its model file without generating a token: "" where it does not say."""
+
+    build: str = ""
+    file: str = ""
+    """The base name of /props' model_path."""
+    ftype: str = ""
+    size: str = ""
+    n_params: str = ""
+    n_vocab: str = ""
+    n_ctx_train: str = ""
+    n_embd: str = ""
+
+
+FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
+
+
+class TokenLike(Protocol):
+    """One answer token as the probe reads it (specwatch.probe.answers.Token)."""
+
+    @property
+    def logprob(self) -> float | None: ...
+    @property
+    def text(self) -> str | None: ...
+    @property
+    def top(self) -> tuple[tuple[str, float], ...]: ...
+    def fill_in(self, index: int) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one canary answer brings to a comparison: every token's text, and the values of its real tokens only."""
+
+    tokens: tuple[str | None, ...]
+    values: tuple[float | None, ...]
+    """Each token's logprob; None for a fill-in, whose value is no measurement."""
+    alternatives: tuple[tuple[tuple[str, float], ...], ...]
+    """Each real token's alternatives as (text, logprob); () for a fill-in."""
+
+
+def answer_of(tokens: Sequence[TokenLike]) -> Answer:
+    real = [not t.fill_in(i) and t.logprob is not None for i, t in enumerate(tokens)]
+    return Answer(
+        tokens=tuple(t.text for t in tokens),
+        values=tuple(t.logprob if r else None for t, r in zip(tokens, real, strict=True)),
+        alternatives=tuple(t.top if r else () for t, r in zip(tokens, real, strict=True)),
+    )
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One member of a group as a comparison sees it: its fingerprint and its last canary answer per endpoint."""
+
+    fingerprint: Fingerprint | None = None
+    answers: Mapping[str, Answer] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Comparison(Generic[K]):
+    """One member's standing in its group after a comparison."""
+
+    agreement: bool | None
+    """This comparison's judgement; None when there was nothing to compare it with."""
+    kind: str | None = None
+    """FINGERPRINT, TOKENS or LOGPROBS when it disagrees."""
+    held_against: tuple[K, ...] = ()
+    """The members it is held against: the majority, or every other side when there is none."""
+    largest_difference: float | None = None
+    """The largest logprob difference to the group's median, over real tokens and their alternatives."""
+    streak: int = 0
+    """Fresh answers in a row that disagreed."""
+    confirmed: bool = False
+    """The disagreement counts: a fingerprint at once, answers after enough fresh ones in a row."""
+    detail: str = ""
+
+    @property
+    def counted(self) -> bool | None:
+        """What metrics, documents and alerts show: a disagreement counts only once confirmed."""
+        if self.agreement is None:
+            return None
+        return self.agreement or not self.confirmed
+
+
+@dataclass
+class _Finding(Generic[K]):
+    kind: str
+    against: set[K]
+    detail: str
+
+
+def _majority(values: Mapping[K, V]) -> V | None:
+    """The value more than half the members hold, None when none does."""
+    value, count = Counter(values.values()).most_common(1)[0]
+    return value if count * 2 > len(values) else None
+
+
+def _split(values: Mapping[K, V]) -> dict[K, set[K]]:
+    """Each member off the majority, with the members it is held against; without a majority, every side against
+    all the others (two members that differ name each other)."""
+    if len(set(values.values())) < 2:
+        return {}
+    reference = _majority(values)
+    if reference is not None:
+        holders = {k for k, v in values.items() if v == reference}
+        return {k: holders for k, v in values.items() if v != reference}
+    return {k: {o for o, w in values.items() if w != v} for k, v in values.items()}
+
+
+def _fingerprints(peers: Mapping[K, Peer], found: dict[K, _Finding[K]], compared: set[K]) -> None:
+    for name in FINGERPRINT_FIELDS:
+        values = {k: getattr(p.fingerprint, name) for k, p in peers.items()
+                  if p.fingerprint is not None and getattr(p.fingerprint, name) != ""}
+        if len(values) < 2:
+            continue
+        compared.update(values)
+        reference = _majority(values)
+        for k, against in _split(values).items():
+            if k not in found:
+                others = "the group's " + (repr(reference) if reference is not None else "others")
+                found[k] = _Finding(FINGERPRINT, against, f"{name} {values[k]!r}, {others}")
+
+
+def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found: dict[K, _Finding[K]],
+             compared: set[K], differences: dict[K, float]) -> None:
+    # Canaries differ in length (a speculating server is asked more tokens): the shortest answer sets the prefix.
+    length = min(len(a.tokens) for a in answers.values())
+    if length == 0:
+        return
+    compared.update(answers)
+    keys = {k: a.tokens[:length] for k, a in answers.items()}
+    reference = _majority(keys)
+    for k, against in _split(keys).items():
+        if k not in found:
+            mine, theirs = keys[k], reference if reference is not None else keys[next(iter(against))]
+            at = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+            found[k] = _Finding(TOKENS, against, f"{endpoint}: token {at} is {mine[at]!r}, {theirs[at]!r} elsewhere")
+    same = [k for k, key in keys.items() if key == reference]
+    if len(same) < 2:
+        return
+    worst: dict[K, tuple[float, str]] = {}
+    for at in range(length):
+        _values({k: answers[k].values[at] for k in same}, f"{endpoint}: token {at}", worst)
+        by_text: dict[str, dict[K, float]] = {}
+        for k in same:
+            for text, value in answers[k].alternatives[at]:
+                by_text.setdefault(text, {})[k] = value
+        for text, values in by_text.items():
+            _values(values, f"{endpoint}: token {at}'s alternative {text!r}", worst)
+    for k, (difference, where) in worst.items():
+        differences[k] = max(differences.get(k, 0.0), difference)
+        if difference > tolerance and k not in found:
+            found[k] = _Finding(LOGPROBS, set(same) - {k}, where)
+
+
+def _values(values: Mapping[K, float | None], where: str, worst: dict[K, tuple[float, str]]) -> None:
+    real = {k: v for k, v in values.items() if v is not None}
+    if len(real) < 2:
+        return
+    middle = median(real.values())
+    for k, v in real.items():
+        difference = abs(v - middle)
+        if difference > worst.get(k, (-1.0, ""))[0]:
+            worst[k] = (difference, f"{where} logprob {v:.3f}, the group's median {middle:.3f}")
+
+
+def compare(
+    peers: Mapping[K, Peer], *, tolerance: float = DEFAULT_TOLERANCE, confirmations: int = DEFAULT_CONFIRMATIONS,
+    streaks: Mapping[K, int] | None = None, fresh: Collection[K] | None = None,
+) -> dict[K, Comparison[K]]:
+    """Every member of one group against the group's majority: the fingerprint first, then each endpoint's answers.
+
+    `streaks` are the members' streaks from the last comparison, `fresh` the members with an answer newer than it
+    (None: all); a streak grows only with a fresh answer, so one noisy answer is counted once however often compared.
+    """
+    found: dict[K, _Finding[K]] = {}
+    compared: set[K] = set()
+    differences: dict[K, float] = {}
+    _fingerprints(peers, found, compared)
+    endpoints = {e for p in peers.values() for e in p.answers}
+    for endpoint in sorted(endpoints):
+        answers = {k: p.answers[endpoint] for k, p in peers.items() if endpoint in p.answers}
+        if len(answers) >= 2:
+            _answers(endpoint, answers, tolerance, found, compared, differences)
+    results: dict[K, Comparison[K]] = {}
+    for k in peers:
+        difference = differences.get(k)
+        finding = found.get(k)
+        if k not in compared:
+            results[k] = Comparison(None)
+        elif finding is None:
+            results[k] = Comparison(True, largest_difference=difference)
+        else:
+            before = (streaks or {}).get(k, 0)
+            streak = before + 1 if fresh is None or k in fresh else before
+            confirmed = finding.kind == FINGERPRINT or streak >= confirmations
+            results[k] = Comparison(False, finding.kind, tuple(sorted(finding.against, key=str)), difference,
+                                    streak, confirmed, finding.detail)
+    return results
