@@ -161,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
         "--check-config", action="store_true", help="validate the config, print what would be watched, and exit"
     )
     run.add_argument(
-        "--shard", metavar="INDEX/COUNT", help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server name)"
+        "--shard", metavar="INDEX/COUNT",
+        help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server's peer_group, else its name)"
     )
     run.add_argument(
         "--web-config", type=Path, metavar="FILE",

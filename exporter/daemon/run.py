@@ -23,7 +23,7 @@ from .discovery import Discovery, SourceStatus, targets_out
 from .exposition.samples import ExporterStatus
 from .exposition.serve import Exposition
 from .schedule import Schedule
-from .shard import select
+from .shard import select, shard_key
 from .watch import Watcher
 from .web import WebApp
 
@@ -41,7 +41,7 @@ def shard_of(servers: list[ServerConfig], shard: str | None) -> list[ServerConfi
     if shard is None:
         return list(servers)
     index, count = parse_shard(shard)
-    return select(servers, lambda s: s.name, index, count)
+    return select(servers, lambda s: shard_key(s.name, s.peer_group), index, count)
 
 
 async def preview(settings: Settings) -> tuple[list[ServerConfig], tuple[SourceStatus, ...]]:
