@@ -53,6 +53,8 @@ class Fingerprint:
 
 
 FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
+META_FIELDS = FINGERPRINT_FIELDS[2:]
+"""The fields /v1/models' `data[].meta` gives; build and file come from /props."""
 
 
 class TokenLike(Protocol):
@@ -121,11 +123,32 @@ class Comparison(Generic[K]):
         return self.agreement or not self.confirmed
 
 
+@dataclass(frozen=True)
+class Standing:
+    """A watched model's place in its group: the group, the last comparison, and the answers it saw."""
+
+    group: str
+    comparison: Comparison[str]
+    seen: Mapping[str, Answer] = field(default_factory=dict)
+    """The answers the comparison saw, by endpoint: any other answer is fresh for the next one (told by identity, as two
+    answers alike are still two answers)."""
+
+    def fresh(self, peer: Peer) -> set[str]:
+        """The endpoints whose answer `peer` holds that this comparison did not see."""
+        return {e for e, a in peer.answers.items() if self.seen.get(e) is not a}
+
+
 @dataclass
 class _Finding(Generic[K]):
     kind: str
     against: set[K]
     detail: str
+    endpoint: str | None = None
+    """The endpoint whose answers differ; None for the fingerprint."""
+
+
+Findings = dict[K, list[_Finding[K]]]
+KINDS = (FINGERPRINT, TOKENS, LOGPROBS)
 
 
 def _majority(values: Mapping[K, V]) -> V | None:
@@ -146,7 +169,7 @@ def _split(values: Mapping[K, V]) -> dict[K, set[K]]:
     return {k: {o for o, w in values.items() if w != v} for k, v in values.items()}
 
 
-def _fingerprints(peers: Mapping[K, Peer], found: dict[K, _Finding[K]], compared: set[K]) -> None:
+def _fingerprints(peers: Mapping[K, Peer], found: Findings[K], compared: set[K]) -> None:
     for name in FINGERPRINT_FIELDS:
         values = {k: getattr(p.fingerprint, name) for k, p in peers.items()
                   if p.fingerprint is not None and getattr(p.fingerprint, name) != ""}
@@ -155,12 +178,12 @@ def _fingerprints(peers: Mapping[K, Peer], found: dict[K, _Finding[K]], compared
         compared.update(values)
         reference = _majority(values)
         for k, against in _split(values).items():
-            if k not in found:
+            if not found.get(k):
                 others = "the group's " + (repr(reference) if reference is not None else "others")
-                found[k] = _Finding(FINGERPRINT, against, f"{name} {values[k]!r}, {others}")
+                found.setdefault(k, []).append(_Finding(FINGERPRINT, against, f"{name} {values[k]!r}, {others}"))
 
 
-def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found: dict[K, _Finding[K]],
+def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found: Findings[K],
              compared: set[K], differences: dict[K, float]) -> None:
     # Canaries differ in length (a speculating server is asked more tokens): the shortest answer sets the prefix.
     length = min(len(a.tokens) for a in answers.values())
@@ -170,10 +193,10 @@ def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found
     keys = {k: a.tokens[:length] for k, a in answers.items()}
     reference = _majority(keys)
     for k, against in _split(keys).items():
-        if k not in found:
-            mine, theirs = keys[k], reference if reference is not None else keys[next(iter(against))]
-            at = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
-            found[k] = _Finding(TOKENS, against, f"{endpoint}: token {at} is {mine[at]!r}, {theirs[at]!r} elsewhere")
+        mine, theirs = keys[k], reference if reference is not None else keys[next(iter(against))]
+        at = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+        found.setdefault(k, []).append(
+            _Finding(TOKENS, against, f"{endpoint}: token {at} is {mine[at]!r}, {theirs[at]!r} elsewhere", endpoint))
     same = [k for k, key in keys.items() if key == reference]
     if len(same) < 2:
         return
@@ -188,8 +211,8 @@ def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found
             _values(values, f"{endpoint}: token {at}'s alternative {text!r}", worst)
     for k, (difference, where) in worst.items():
         differences[k] = max(differences.get(k, 0.0), difference)
-        if difference > tolerance and k not in found:
-            found[k] = _Finding(LOGPROBS, set(same) - {k}, where)
+        if difference > tolerance:
+            found.setdefault(k, []).append(_Finding(LOGPROBS, set(same) - {k}, where, endpoint))
 
 
 def _values(values: Mapping[K, float | None], where: str, worst: dict[K, tuple[float, str]]) -> None:
@@ -205,14 +228,15 @@ def _values(values: Mapping[K, float | None], where: str, worst: dict[K, tuple[f
 
 def compare(
     peers: Mapping[K, Peer], *, tolerance: float = DEFAULT_TOLERANCE, confirmations: int = DEFAULT_CONFIRMATIONS,
-    streaks: Mapping[K, int] | None = None, fresh: Collection[K] | None = None,
+    streaks: Mapping[K, int] | None = None, fresh: Mapping[K, Collection[str]] | None = None,
 ) -> dict[K, Comparison[K]]:
     """Every member of one group against the group's majority: the fingerprint first, then each endpoint's answers.
 
-    `streaks` are the members' streaks from the last comparison, `fresh` the members with an answer newer than it
-    (None: all); a streak grows only with a fresh answer, so one noisy answer is counted once however often compared.
+    `streaks` are the members' streaks from the last comparison, `fresh` each member's endpoints with an answer newer
+    than it (None: every answer is fresh). A streak grows only when a fresh answer disagrees, so one noisy answer is
+    counted once however often its group is compared before that endpoint is asked again; one that agrees ends it.
     """
-    found: dict[K, _Finding[K]] = {}
+    found: Findings[K] = {}
     compared: set[K] = set()
     differences: dict[K, float] = {}
     _fingerprints(peers, found, compared)
@@ -224,14 +248,16 @@ def compare(
     results: dict[K, Comparison[K]] = {}
     for k in peers:
         difference = differences.get(k)
-        finding = found.get(k)
+        findings = found.get(k)
         if k not in compared:
             results[k] = Comparison(None)
-        elif finding is None:
+        elif not findings:
             results[k] = Comparison(True, largest_difference=difference)
         else:
+            finding = min(findings, key=lambda f: KINDS.index(f.kind))
             before = (streaks or {}).get(k, 0)
-            streak = before + 1 if fresh is None or k in fresh else before
+            new = fresh is None or any(f.endpoint in fresh.get(k, ()) for f in findings)
+            streak = before + 1 if new else before
             confirmed = finding.kind == FINGERPRINT or streak >= confirmations
             results[k] = Comparison(False, finding.kind, tuple(sorted(finding.against, key=str)), difference,
                                     streak, confirmed, finding.detail)

@@ -136,17 +136,31 @@ def test_alternatives_are_compared_by_their_text() -> None:
 
 def test_a_disagreement_in_answers_counts_once_confirmed_by_fresh_answers() -> None:
     group = peers(answer(), answer(tokens=("a",) * 4), answer())
-    first = compare(group, confirmations=3, streaks={}, fresh={"r1"})
+    first = compare(group, confirmations=3, streaks={}, fresh={"r1": {"chat"}})
     assert (first["r1"].agreement, first["r1"].streak, first["r1"].confirmed, first["r1"].counted) == (False, 1, False, True)
     # Compared again with no new answer from r1 (another member's canary came in): the one noisy answer counts once.
-    again = compare(group, confirmations=3, streaks={"r1": 1}, fresh={"r0"})
+    again = compare(group, confirmations=3, streaks={"r1": 1}, fresh={"r0": {"chat"}})
     assert again["r1"].streak == 1 and not again["r1"].confirmed
-    third = compare(group, confirmations=3, streaks={"r1": 2}, fresh={"r1"})
+    third = compare(group, confirmations=3, streaks={"r1": 2}, fresh={"r1": {"chat"}})
     assert third["r1"].streak == 3 and third["r1"].confirmed and third["r1"].counted is False
 
 
+def test_a_fresh_answer_elsewhere_does_not_confirm_an_old_noisy_one() -> None:
+    group = {"a": Peer(None, {"chat": answer(), "completion": answer()}),
+             "b": Peer(None, {"chat": answer(tokens=("x",) * 4), "completion": answer()}),
+             "c": Peer(None, {"chat": answer(), "completion": answer()})}
+    result = compare(group, confirmations=2, streaks={"b": 1}, fresh={"b": {"completion"}})
+    assert (result["b"].agreement, result["b"].streak, result["b"].confirmed) == (False, 1, False)
+    assert compare(group, confirmations=2, streaks={"b": 1}, fresh={"b": {"chat"}})["b"].confirmed
+
+
+def test_a_member_named_by_several_kinds_shows_the_weightiest() -> None:
+    group = peers(answer(), answer(tokens=("x",) * 4), answer(), fingerprints=(Q4KM, Q40, Q4KM))
+    assert compare(group)["r1"].kind == FINGERPRINT
+
+
 def test_an_agreeing_answer_ends_a_streak() -> None:
-    result = compare(peers(answer(), answer(), answer()), confirmations=3, streaks={"r1": 2}, fresh={"r1"})
+    result = compare(peers(answer(), answer(), answer()), confirmations=3, streaks={"r1": 2}, fresh={"r1": {"chat"}})
     assert result["r1"].streak == 0 and result["r1"].agreement is True
 
 

@@ -33,7 +33,8 @@ DEFAULT_POLL_INTERVAL, DEFAULT_CANARY_INTERVAL = 15.0, 60.0
 DEFAULT_POLL_TIMEOUT, DEFAULT_CANARY_TIMEOUT = 5.0, 30.0
 # Labels specwatch's own series carry, and the target labels the alert rules aggregate away (instance, pod).
 RESERVED_LABELS = frozenset({"server", "model", "endpoint", "source", "reason", "outcome", "verdict", "build", "version",
-                             "job", "instance", "pod", "peer_group"})
+                             "job", "instance", "pod", "peer_group", "file", "ftype", "size", "n_params", "n_vocab",
+                             "n_ctx_train", "n_embd"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _HOST = re.compile(r"[A-Za-z0-9_.-]+|[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?")
 """A host name, an IPv4 address, or an IPv6 one (urlsplit has taken its brackets off), with its zone."""
