@@ -185,8 +185,10 @@ def recording(c: RulesConfig) -> list[Record]:
 
 
 def _fingerprints(c: RulesConfig) -> str:
-    """Each watched server's fingerprint, once however many replicas report it, held over an exporter's restart."""
-    return f"max {c.without()} ({_held('specwatch_model_fingerprint_info')})"
+    """Each watched server's fingerprint, once however many replicas report it, held over an exporter's restart; a
+    server outside every group (peer_group: none) has an empty peer_group and is compared with nothing."""
+    grouped = _held('specwatch_model_fingerprint_info{peer_group!=""}')
+    return f"max {c.without()} ({grouped})"
 
 
 def peers(c: RulesConfig) -> list[Record]:
