@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from statistics import median
 from typing import Generic, Protocol, TypeVar
 
 OPT_OUT = "none"
@@ -78,6 +77,11 @@ class Answer:
     """Each token's logprob; None for a fill-in, whose value is no measurement."""
     alternatives: tuple[tuple[tuple[str, float], ...], ...]
     """Each real token's alternatives as (text, logprob); () for a fill-in."""
+    digest: int = field(default=0, compare=False)
+    """The hash of its values and alternatives, taken once: a large group is sorted into alike answers by it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", hash((self.values, self.alternatives)))
 
 
 def answer_of(tokens: Sequence[TokenLike]) -> Answer:
@@ -200,30 +204,70 @@ def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found
     same = [k for k, key in keys.items() if key == reference]
     if len(same) < 2:
         return
-    worst: dict[K, tuple[float, str]] = {}
-    for at in range(length):
-        _values({k: answers[k].values[at] for k in same}, f"{endpoint}: token {at}", worst)
-        by_text: dict[str, dict[K, float]] = {}
-        for k in same:
-            for text, value in answers[k].alternatives[at]:
-                by_text.setdefault(text, {})[k] = value
-        for text, values in by_text.items():
-            _values(values, f"{endpoint}: token {at}'s alternative {text!r}", worst)
-    for k, (difference, where) in worst.items():
-        differences[k] = max(differences.get(k, 0.0), difference)
-        if difference > tolerance:
-            found.setdefault(k, []).append(_Finding(LOGPROBS, set(same) - {k}, where, endpoint))
+    # Replicas alike answer alike: each distinct answer (told by the digest taken once per answer) is compared once,
+    # weighted by the members that gave it, so a group costs its distinct answers, not its size.
+    distinct: dict[int, list[K]] = {}
+    contents: list[tuple[tuple[float | None, ...], tuple[tuple[tuple[str, float], ...], ...]]] = []
+    for k in same:
+        answer = answers[k]
+        whole = len(answer.values) == length
+        digest = answer.digest if whole else hash((answer.values[:length], answer.alternatives[:length]))
+        members = distinct.get(digest)
+        if members is None:
+            members = distinct[digest] = []
+            contents.append((answer.values, answer.alternatives))
+        members.append(k)
+    worst: dict[int, _Worst] = {}
+    if len(distinct) > 1:
+        weights = [len(members) for members in distinct.values()]
+        for at in range(length):
+            _values([(i, c[0][at], weights[i]) for i, c in enumerate(contents)], at, None, worst)
+            by_text: dict[str, list[tuple[int, float | None, int]]] = {}
+            for i, (_, alternatives) in enumerate(contents):
+                for text, value in alternatives[at]:
+                    by_text.setdefault(text, []).append((i, value, weights[i]))
+            for alternative, values in by_text.items():
+                _values(values, at, alternative, worst)
+    for index, members in enumerate(distinct.values()):
+        difference, at, named, value, middle = worst.get(index, (0.0, 0, None, 0.0, 0.0))
+        for k in members:
+            differences[k] = max(differences.get(k, 0.0), difference)
+            if difference > tolerance:
+                what = f"token {at}" + (f"'s alternative {named!r}" if named is not None else "")
+                found.setdefault(k, []).append(_Finding(
+                    LOGPROBS, set(same) - {k}, f"{endpoint}: {what} logprob {value:.3f}, the group's median {middle:.3f}",
+                    endpoint))
 
 
-def _values(values: Mapping[K, float | None], where: str, worst: dict[K, tuple[float, str]]) -> None:
-    real = {k: v for k, v in values.items() if v is not None}
-    if len(real) < 2:
-        return
-    middle = median(real.values())
-    for k, v in real.items():
+_Worst = tuple[float, int, "str | None", float, float]
+"""(difference, token position, the alternative's text or None for the token itself, its value, the median)."""
+
+
+def _median(values: list[tuple[float, int]]) -> float:
+    """The median of values each held `weight` times."""
+    ordered = sorted(values)
+    total = sum(weight for _, weight in ordered)
+    low, high = (total - 1) // 2, total // 2
+    found: list[float] = []
+    seen = 0
+    for value, weight in ordered:
+        while len(found) < 2 and seen + weight > (low if not found else high):
+            found.append(value)
+        seen += weight
+        if len(found) == 2:
+            break
+    return (found[0] + found[1]) / 2
+
+
+def _values(values: list[tuple[int, float | None, int]], at: int, text: str | None, worst: dict[int, _Worst]) -> None:
+    real = [(i, v, w) for i, v, w in values if v is not None]
+    if len(real) < 2 or min(v for _, v, _ in real) == max(v for _, v, _ in real):
+        return  # alike here: nothing differs
+    middle = _median([(v, w) for _, v, w in real])
+    for i, v, _ in real:
         difference = abs(v - middle)
-        if difference > worst.get(k, (-1.0, ""))[0]:
-            worst[k] = (difference, f"{where} logprob {v:.3f}, the group's median {middle:.3f}")
+        if difference > worst.get(i, (-1.0,))[0]:
+            worst[i] = (difference, at, text, v, middle)
 
 
 def compare(

@@ -232,3 +232,24 @@ def test_the_verdicts_document_reads_back_a_peers_object() -> None:
     assert asdict(read)["servers"][0]["models"][0]["peers"] == model["peers"]
     del model["peers"]  # a daemon before 0.4 says nothing of peers
     assert read_verdicts(document).servers[0].models[0].peers is None
+
+
+@pytest.mark.parametrize(("values", "middle"), [
+    ([(1.0, 1), (2.0, 1)], 1.5),
+    ([(5.0, 1), (1.0, 2)], 1.0),
+    ([(1.0, 1), (2.0, 1), (3.0, 1), (10.0, 1)], 2.5),
+    ([(2.0, 3), (1.0, 3)], 1.5),
+])
+def test_the_median_weighs_each_distinct_answer_by_its_members(values: list[tuple[float, int]], middle: float) -> None:
+    from specwatch.peers import _median
+
+    assert _median(values) == middle
+
+
+def test_many_alike_replicas_cost_their_distinct_answers() -> None:
+    group = {f"r{i}": Peer(Q4KM, {"chat": answer()}) for i in range(200)}
+    group["odd"] = Peer(Q4KM, {"chat": answer(values=(-0.1, -0.9, -0.3, -0.4))})
+    result = compare(group, confirmations=1)
+    assert result["odd"].kind == LOGPROBS and result["odd"].largest_difference == pytest.approx(0.7)
+    assert result["odd"].detail == "chat: token 1 logprob -0.900, the group's median -0.200"
+    assert result["r0"].agreement is True and result["r0"].largest_difference == 0.0
