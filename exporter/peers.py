@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import PurePath
 from typing import Generic, Protocol, TypeVar
 
 OPT_OUT = "none"
@@ -22,13 +23,15 @@ V = TypeVar("V", bound=Hashable)
 
 def group_of(configured: str | None, reported: str, *, whole_server: bool = True) -> str | None:
     """The peer group of one watched model, None for none: the configured one (a router's models each get their own
-    within it), else the model name the server reports, without a .gguf ending so a file and its alias stem meet."""
+    within it), else the model name the server reports; a model file's path (a server started without an alias
+    reports it) counts by its file name without .gguf, so servers of one file meet wherever it lies."""
     if configured == OPT_OUT:
         return None
     if configured:
         return configured if whole_server or not reported else f"{configured}/{reported}"
-    name = reported.removesuffix(".gguf")
-    return name or None
+    if reported.endswith(".gguf"):
+        reported = PurePath(reported).name.removesuffix(".gguf")
+    return reported or None
 
 
 def member_name(server: str, model: str) -> str:

@@ -40,6 +40,8 @@ def peers(*answers: Answer, fingerprints: tuple[Fingerprint | None, ...] = ()) -
 @pytest.mark.parametrize(("configured", "reported", "whole", "group"), [
     (None, "gemma", True, "gemma"),
     (None, "gemma-Q4_K_M.gguf", True, "gemma-Q4_K_M"),  # a file and a router id of its stem meet
+    (None, "/models/a/gemma.gguf", True, "gemma"),  # a server without an alias reports the path
+    (None, "org/gemma", True, "org/gemma"),
     (None, "", True, None),
     ("eval", "gemma", True, "eval"),
     ("eval", "gemma", False, "eval/gemma"),  # a router's models stay apart within its group
