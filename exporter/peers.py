@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import PurePath
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
@@ -67,7 +67,7 @@ class TokenLike(Protocol):
     @property
     def text(self) -> str | None: ...
     @property
-    def top(self) -> tuple[tuple[str, float], ...]: ...
+    def top(self) -> tuple[Any, ...]: ...
     def fill_in(self, index: int) -> bool: ...
 
 
@@ -78,8 +78,8 @@ class Answer:
     tokens: tuple[str | None, ...]
     values: tuple[float | None, ...]
     """Each token's logprob; None for a fill-in, whose value is no measurement."""
-    alternatives: tuple[tuple[tuple[str, float], ...], ...]
-    """Each real token's alternatives as (text, logprob); () for a fill-in."""
+    alternatives: tuple[tuple[Any, ...], ...]
+    """Each real token's alternatives, flat as (text, logprob, text, logprob, ...); () for a fill-in."""
     digest: int = field(default=0, compare=False)
     """The hash of its values and alternatives, taken once: a large group is sorted into alike answers by it."""
 
@@ -210,7 +210,7 @@ def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found
     # Replicas alike answer alike: each distinct answer (told by the digest taken once per answer) is compared once,
     # weighted by the members that gave it, so a group costs its distinct answers, not its size.
     distinct: dict[int, list[K]] = {}
-    contents: list[tuple[tuple[float | None, ...], tuple[tuple[tuple[str, float], ...], ...]]] = []
+    contents: list[tuple[tuple[float | None, ...], tuple[tuple[Any, ...], ...]]] = []
     for k in same:
         answer = answers[k]
         whole = len(answer.values) == length
@@ -227,8 +227,9 @@ def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found
             _values([(i, c[0][at], weights[i]) for i, c in enumerate(contents)], at, None, worst)
             by_text: dict[str, list[tuple[int, float | None, int]]] = {}
             for i, (_, alternatives) in enumerate(contents):
-                for text, value in alternatives[at]:
-                    by_text.setdefault(text, []).append((i, value, weights[i]))
+                flat = alternatives[at]
+                for j in range(0, len(flat), 2):
+                    by_text.setdefault(flat[j], []).append((i, flat[j + 1], weights[i]))
             for alternative, values in by_text.items():
                 _values(values, at, alternative, worst)
     for index, members in enumerate(distinct.values()):
