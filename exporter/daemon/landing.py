@@ -46,7 +46,7 @@ def peer_words(entry: PeersEntry | None) -> str:
     if entry.agreement is False:
         return (f"disagrees with group {entry.group} ({entry.kind}): {entry.detail}; "
                 f"held against {', '.join(entry.held_against)}")
-    difference = "" if entry.largest_difference is None else f", logprobs within {entry.largest_difference:g}"
+    difference = f", largest logprob difference {entry.largest_difference:g}" if entry.largest_difference else ""
     pending = f"; {entry.detail}" if entry.detail else ""
     return f"agrees with group {entry.group}{difference}{pending}"
 
