@@ -88,6 +88,7 @@ class Answer:
 
 
 def answer_of(tokens: Sequence[TokenLike]) -> Answer:
+    """What an answer's tokens bring to a comparison: a fill-in (the classifier's rule) keeps its text, not its value."""
     real = [not t.fill_in(i) and t.logprob is not None for i, t in enumerate(tokens)]
     return Answer(
         tokens=tuple(t.text for t in tokens),
@@ -132,17 +133,16 @@ class Comparison(Generic[K]):
 
 @dataclass(frozen=True)
 class Standing:
-    """A watched model's place in its group: the group, the last comparison, and the answers it saw."""
+    """A watched model's place in its group: the group and the last comparison."""
 
     group: str
     comparison: Comparison[str]
-    seen: Mapping[str, Answer] = field(default_factory=dict)
-    """The answers the comparison saw, by endpoint: any other answer is fresh for the next one (told by identity, as two
-    answers alike are still two answers)."""
 
-    def fresh(self, peer: Peer) -> set[str]:
-        """The endpoints whose answer `peer` holds that this comparison did not see."""
-        return {e for e, a in peer.answers.items() if self.seen.get(e) is not a}
+
+def fresh(peer: Peer, seen: Mapping[str, Answer]) -> set[str]:
+    """The endpoints whose answer `peer` holds that a comparison that saw `seen` did not (told by identity: two answers
+    alike are still two answers)."""
+    return {e for e, a in peer.answers.items() if seen.get(e) is not a}
 
 
 @dataclass
@@ -177,6 +177,11 @@ def _split(values: Mapping[K, V]) -> dict[K, set[K]]:
 
 
 def _fingerprints(peers: Mapping[K, Peer], found: Findings[K], compared: set[K]) -> None:
+    known = {k: p.fingerprint for k, p in peers.items() if p.fingerprint is not None}
+    if len(known) > 1 and len(set(known.values())) == 1:  # alike, the common case: one look
+        if any(getattr(next(iter(known.values())), name) for name in FINGERPRINT_FIELDS):
+            compared.update(known)
+        return
     for name in FINGERPRINT_FIELDS:
         values = {k: getattr(p.fingerprint, name) for k, p in peers.items()
                   if p.fingerprint is not None and getattr(p.fingerprint, name) != ""}
