@@ -158,6 +158,8 @@ async def test_a_group_of_one_and_an_opted_out_server_compare_nothing(watcher_of
     assert "specwatch_peer_agreement{" not in text
     assert value(text, "specwatch_model_fingerprint_info", server="b", peer_group="", ftype="Q4_0") == 1
     assert value(text, "specwatch_model_fingerprint_info", server="solo", peer_group="other") == 1
+    page = render([row for state in watcher.fleet.snapshot() for row in rows(state, clock())])
+    assert "group other: no peer to compare with" in page and "group tiny: no peer to compare with" in page
 
 
 async def test_a_configured_group_joins_servers_of_other_names_and_a_reload_moves_them(watcher_of: Build,
