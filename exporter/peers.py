@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from statistics import median
-from typing import Generic, Protocol, TypeVar
+from pathlib import PurePath
+from typing import Any, Generic, Protocol, TypeVar
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
@@ -23,13 +23,15 @@ V = TypeVar("V", bound=Hashable)
 
 def group_of(configured: str | None, reported: str, *, whole_server: bool = True) -> str | None:
     """The peer group of one watched model, None for none: the configured one (a router's models each get their own
-    within it), else the model name the server reports, without a .gguf ending so a file and its alias stem meet."""
+    within it), else the model name the server reports; a model file's path (a server started without an alias
+    reports it) counts by its file name without .gguf, so servers of one file meet wherever it lies."""
     if configured == OPT_OUT:
         return None
     if configured:
         return configured if whole_server or not reported else f"{configured}/{reported}"
-    name = reported.removesuffix(".gguf")
-    return name or None
+    if reported.endswith(".gguf"):
+        reported = PurePath(reported).name.removesuffix(".gguf")
+    return reported or None
 
 
 def member_name(server: str, model: str) -> str:
@@ -65,7 +67,7 @@ class TokenLike(Protocol):
     @property
     def text(self) -> str | None: ...
     @property
-    def top(self) -> tuple[tuple[str, float], ...]: ...
+    def top(self) -> tuple[Any, ...]: ...
     def fill_in(self, index: int) -> bool: ...
 
 
@@ -76,11 +78,17 @@ class Answer:
     tokens: tuple[str | None, ...]
     values: tuple[float | None, ...]
     """Each token's logprob; None for a fill-in, whose value is no measurement."""
-    alternatives: tuple[tuple[tuple[str, float], ...], ...]
-    """Each real token's alternatives as (text, logprob); () for a fill-in."""
+    alternatives: tuple[tuple[Any, ...], ...]
+    """Each real token's alternatives, flat as (text, logprob, text, logprob, ...); () for a fill-in."""
+    digest: int = field(default=0, compare=False)
+    """The hash of its values and alternatives, taken once: a large group is sorted into alike answers by it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", hash((self.values, self.alternatives)))
 
 
 def answer_of(tokens: Sequence[TokenLike]) -> Answer:
+    """What an answer's tokens bring to a comparison: a fill-in (the classifier's rule) keeps its text, not its value."""
     real = [not t.fill_in(i) and t.logprob is not None for i, t in enumerate(tokens)]
     return Answer(
         tokens=tuple(t.text for t in tokens),
@@ -125,17 +133,16 @@ class Comparison(Generic[K]):
 
 @dataclass(frozen=True)
 class Standing:
-    """A watched model's place in its group: the group, the last comparison, and the answers it saw."""
+    """A watched model's place in its group: the group and the last comparison."""
 
     group: str
     comparison: Comparison[str]
-    seen: Mapping[str, Answer] = field(default_factory=dict)
-    """The answers the comparison saw, by endpoint: any other answer is fresh for the next one (told by identity, as two
-    answers alike are still two answers)."""
 
-    def fresh(self, peer: Peer) -> set[str]:
-        """The endpoints whose answer `peer` holds that this comparison did not see."""
-        return {e for e, a in peer.answers.items() if self.seen.get(e) is not a}
+
+def fresh(peer: Peer, seen: Mapping[str, Answer]) -> set[str]:
+    """The endpoints whose answer `peer` holds that a comparison that saw `seen` did not (told by identity: two answers
+    alike are still two answers)."""
+    return {e for e, a in peer.answers.items() if seen.get(e) is not a}
 
 
 @dataclass
@@ -170,6 +177,11 @@ def _split(values: Mapping[K, V]) -> dict[K, set[K]]:
 
 
 def _fingerprints(peers: Mapping[K, Peer], found: Findings[K], compared: set[K]) -> None:
+    known = {k: p.fingerprint for k, p in peers.items() if p.fingerprint is not None}
+    if len(known) > 1 and len(set(known.values())) == 1:  # alike, the common case: one look
+        if any(getattr(next(iter(known.values())), name) for name in FINGERPRINT_FIELDS):
+            compared.update(known)
+        return
     for name in FINGERPRINT_FIELDS:
         values = {k: getattr(p.fingerprint, name) for k, p in peers.items()
                   if p.fingerprint is not None and getattr(p.fingerprint, name) != ""}
@@ -200,30 +212,71 @@ def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found
     same = [k for k, key in keys.items() if key == reference]
     if len(same) < 2:
         return
-    worst: dict[K, tuple[float, str]] = {}
-    for at in range(length):
-        _values({k: answers[k].values[at] for k in same}, f"{endpoint}: token {at}", worst)
-        by_text: dict[str, dict[K, float]] = {}
-        for k in same:
-            for text, value in answers[k].alternatives[at]:
-                by_text.setdefault(text, {})[k] = value
-        for text, values in by_text.items():
-            _values(values, f"{endpoint}: token {at}'s alternative {text!r}", worst)
-    for k, (difference, where) in worst.items():
-        differences[k] = max(differences.get(k, 0.0), difference)
-        if difference > tolerance:
-            found.setdefault(k, []).append(_Finding(LOGPROBS, set(same) - {k}, where, endpoint))
+    # Replicas alike answer alike: each distinct answer (told by the digest taken once per answer) is compared once,
+    # weighted by the members that gave it, so a group costs its distinct answers, not its size.
+    distinct: dict[int, list[K]] = {}
+    contents: list[tuple[tuple[float | None, ...], tuple[tuple[Any, ...], ...]]] = []
+    for k in same:
+        answer = answers[k]
+        whole = len(answer.values) == length
+        digest = answer.digest if whole else hash((answer.values[:length], answer.alternatives[:length]))
+        members = distinct.get(digest)
+        if members is None:
+            members = distinct[digest] = []
+            contents.append((answer.values, answer.alternatives))
+        members.append(k)
+    worst: dict[int, _Worst] = {}
+    if len(distinct) > 1:
+        weights = [len(members) for members in distinct.values()]
+        for at in range(length):
+            _values([(i, c[0][at], weights[i]) for i, c in enumerate(contents)], at, None, worst)
+            by_text: dict[str, list[tuple[int, float | None, int]]] = {}
+            for i, (_, alternatives) in enumerate(contents):
+                flat = alternatives[at]
+                for j in range(0, len(flat), 2):
+                    by_text.setdefault(flat[j], []).append((i, flat[j + 1], weights[i]))
+            for alternative, values in by_text.items():
+                _values(values, at, alternative, worst)
+    for index, members in enumerate(distinct.values()):
+        difference, at, named, value, middle = worst.get(index, (0.0, 0, None, 0.0, 0.0))
+        for k in members:
+            differences[k] = max(differences.get(k, 0.0), difference)
+            if difference > tolerance:
+                what = f"token {at}" + (f"'s alternative {named!r}" if named is not None else "")
+                found.setdefault(k, []).append(_Finding(
+                    LOGPROBS, set(same) - {k}, f"{endpoint}: {what} logprob {value:.3f}, the group's median {middle:.3f}",
+                    endpoint))
 
 
-def _values(values: Mapping[K, float | None], where: str, worst: dict[K, tuple[float, str]]) -> None:
-    real = {k: v for k, v in values.items() if v is not None}
-    if len(real) < 2:
-        return
-    middle = median(real.values())
-    for k, v in real.items():
+_Worst = tuple[float, int, "str | None", float, float]
+"""(difference, token position, the alternative's text or None for the token itself, its value, the median)."""
+
+
+def _median(values: list[tuple[float, int]]) -> float:
+    """The median of values each held `weight` times."""
+    ordered = sorted(values)
+    total = sum(weight for _, weight in ordered)
+    low, high = (total - 1) // 2, total // 2
+    found: list[float] = []
+    seen = 0
+    for value, weight in ordered:
+        while len(found) < 2 and seen + weight > (low if not found else high):
+            found.append(value)
+        seen += weight
+        if len(found) == 2:
+            break
+    return (found[0] + found[1]) / 2
+
+
+def _values(values: list[tuple[int, float | None, int]], at: int, text: str | None, worst: dict[int, _Worst]) -> None:
+    real = [(i, v, w) for i, v, w in values if v is not None]
+    if len(real) < 2 or min(v for _, v, _ in real) == max(v for _, v, _ in real):
+        return  # alike here: nothing differs
+    middle = _median([(v, w) for _, v, w in real])
+    for i, v, _ in real:
         difference = abs(v - middle)
-        if difference > worst.get(k, (-1.0, ""))[0]:
-            worst[k] = (difference, f"{where} logprob {v:.3f}, the group's median {middle:.3f}")
+        if difference > worst.get(i, (-1.0,))[0]:
+            worst[i] = (difference, at, text, v, middle)
 
 
 def compare(

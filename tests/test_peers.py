@@ -28,7 +28,7 @@ TEXT = ("the", " cat", " sat", " on")
 
 
 def answer(values: tuple[float | None, ...] = (-0.1, -0.2, -0.3, -0.4), tokens: tuple[str, ...] = TEXT,
-           alternatives: tuple[tuple[tuple[str, float], ...], ...] | None = None) -> Answer:
+           alternatives: tuple[tuple[object, ...], ...] | None = None) -> Answer:
     return Answer(tokens, values, alternatives if alternatives is not None else tuple(() for _ in tokens))
 
 
@@ -40,6 +40,8 @@ def peers(*answers: Answer, fingerprints: tuple[Fingerprint | None, ...] = ()) -
 @pytest.mark.parametrize(("configured", "reported", "whole", "group"), [
     (None, "gemma", True, "gemma"),
     (None, "gemma-Q4_K_M.gguf", True, "gemma-Q4_K_M"),  # a file and a router id of its stem meet
+    (None, "/models/a/gemma.gguf", True, "gemma"),  # a server without an alias reports the path
+    (None, "org/gemma", True, "org/gemma"),
     (None, "", True, None),
     ("eval", "gemma", True, "eval"),
     ("eval", "gemma", False, "eval/gemma"),  # a router's models stay apart within its group
@@ -127,7 +129,7 @@ def test_logprobs_within_the_tolerance_agree(moved: float, tolerance: float, agr
 
 def test_alternatives_are_compared_by_their_text() -> None:
     def with_top(value: float) -> Answer:
-        return answer(alternatives=((("the", -0.1), ("a", value)), (), (), ()))
+        return answer(alternatives=(("the", -0.1, "a", value), (), (), ()))
 
     result = compare(peers(with_top(-2.0), with_top(-2.0), with_top(-3.0)), tolerance=0.5, confirmations=1)
     assert result["r2"].kind == LOGPROBS and "alternative 'a'" in result["r2"].detail
@@ -172,28 +174,28 @@ def test_a_chat_answer_brings_its_texts_values_and_alternatives() -> None:
     body = {"choices": [{"logprobs": {"content": [_entry("the", -0.1, [("the", -0.1), ("a", -2.5)]),
                                                   _entry(" cat", 0.0, [])]}}]}
     got = classify(read_choice(body)).answer
-    assert got == Answer(("the", " cat"), (-0.1, None), ((("the", -0.1), ("a", -2.5)), ()))
+    assert got == Answer(("the", " cat"), (-0.1, None), (("the", -0.1, "a", -2.5), ()))
 
 
 def test_a_post_sampling_answer_brings_logprobs() -> None:
     body = {"completion_probabilities": [{"id": 1, "token": "x", "prob": 0.5, "top_probs": [{"token": "x", "prob": 0.5}]}]}
     got = classify(completion_reader(post_sampling=True)(body)).answer
     assert got is not None and got.tokens == ("x",)
-    assert got.values[0] == pytest.approx(-0.6931, abs=1e-4) and got.alternatives[0][0][1] == pytest.approx(-0.6931, abs=1e-4)
+    assert got.values[0] == pytest.approx(-0.6931, abs=1e-4) and got.alternatives[0][1] == pytest.approx(-0.6931, abs=1e-4)
 
 
 def test_a_stream_fill_in_keeps_its_text() -> None:
     events = [{"choices": [{"delta": {"content": "the"}, "logprobs": {"content": [_entry("the", -0.1, [("the", -0.1)])]}}]},
               {"choices": [{"delta": {"content": " cat"}}]}]
     got = classify(stream_reader(CHUNKS[Endpoint.CHAT_STREAM])(events)).answer
-    assert got == Answer(("the", " cat"), (-0.1, None), ((("the", -0.1),), ()))
+    assert got == Answer(("the", " cat"), (-0.1, None), (("the", -0.1), ()))
 
 
 def test_the_legacy_completion_shape_brings_texts() -> None:
     body = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25],
                                       "top_logprobs": [{"a": -0.5}, {"b": -0.25, "c": -3.0}]}}]}
     got = classify(read_choice(body)).answer
-    assert got == Answer(("a", "b"), (-0.5, -0.25), ((("a", -0.5),), (("b", -0.25), ("c", -3.0))))
+    assert got == Answer(("a", "b"), (-0.5, -0.25), (("a", -0.5), ("b", -0.25, "c", -3.0)))
 
 
 def test_answer_of_uses_the_classifiers_fill_in_rule() -> None:
@@ -232,3 +234,24 @@ def test_the_verdicts_document_reads_back_a_peers_object() -> None:
     assert asdict(read)["servers"][0]["models"][0]["peers"] == model["peers"]
     del model["peers"]  # a daemon before 0.4 says nothing of peers
     assert read_verdicts(document).servers[0].models[0].peers is None
+
+
+@pytest.mark.parametrize(("values", "middle"), [
+    ([(1.0, 1), (2.0, 1)], 1.5),
+    ([(5.0, 1), (1.0, 2)], 1.0),
+    ([(1.0, 1), (2.0, 1), (3.0, 1), (10.0, 1)], 2.5),
+    ([(2.0, 3), (1.0, 3)], 1.5),
+])
+def test_the_median_weighs_each_distinct_answer_by_its_members(values: list[tuple[float, int]], middle: float) -> None:
+    from specwatch.peers import _median
+
+    assert _median(values) == middle
+
+
+def test_many_alike_replicas_cost_their_distinct_answers() -> None:
+    group = {f"r{i}": Peer(Q4KM, {"chat": answer()}) for i in range(200)}
+    group["odd"] = Peer(Q4KM, {"chat": answer(values=(-0.1, -0.9, -0.3, -0.4))})
+    result = compare(group, confirmations=1)
+    assert result["odd"].kind == LOGPROBS and result["odd"].largest_difference == pytest.approx(0.7)
+    assert result["odd"].detail == "chat: token 1 logprob -0.900, the group's median -0.200"
+    assert result["r0"].agreement is True and result["r0"].largest_difference == 0.0

@@ -14,6 +14,7 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.landing import render, rows
 from specwatch.daemon.watch import Watcher
+from specwatch.peers import compare
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
@@ -157,6 +158,8 @@ async def test_a_group_of_one_and_an_opted_out_server_compare_nothing(watcher_of
     assert "specwatch_peer_agreement{" not in text
     assert value(text, "specwatch_model_fingerprint_info", server="b", peer_group="", ftype="Q4_0") == 1
     assert value(text, "specwatch_model_fingerprint_info", server="solo", peer_group="other") == 1
+    page = render([row for state in watcher.fleet.snapshot() for row in rows(state, clock())])
+    assert "group other: no peer to compare with" in page and "group tiny: no peer to compare with" in page
 
 
 async def test_a_configured_group_joins_servers_of_other_names_and_a_reload_moves_them(watcher_of: Build,
@@ -186,3 +189,30 @@ async def test_a_router_model_is_a_peer_of_a_plain_server_of_the_same_model(watc
         False, "tokens", ["router/tiny"])
     assert peers["router/tiny"]["held_against"] == ["plain"]  # a group of two: each is named
     assert value(_text(watcher), "specwatch_peer_agreement", server="router", model="tiny", peer_group="tiny") == 0
+
+
+async def test_a_poll_that_changes_nothing_compares_nothing(watcher_of: Build, clock: FakeClock,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from specwatch.daemon import peering
+
+    compared: list[set[str]] = []
+
+    def counted(peers, **kw):
+        compared.append(set(peers))
+        return compare(peers, **kw)
+
+    monkeypatch.setattr(peering, "compare", counted)
+    fakes = _pool()
+    watcher = watcher_of(fakes)
+    await _rounds(watcher, clock)
+    assert compared
+    compared.clear()
+    for name in fakes:
+        await watcher.poll(name)
+    watcher.peers.settle()
+    assert compared == []
+    fakes["c"].build_info = "b9-other"  # an upgrade, seen at the next poll: compared at once
+    await watcher.poll("c")
+    watcher.peers.settle()
+    assert compared == [{"a", "b", "c"}]
+    assert watcher.fleet.get("c").model().peers.comparison.kind == "fingerprint"

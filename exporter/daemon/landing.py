@@ -37,16 +37,16 @@ class Row:
     """A confirmed disagreement with its peer group."""
 
 
-def peer_words(entry: PeersEntry | None) -> str:
+def peer_words(entry: PeersEntry | None, group: str | None = None) -> str:
     """A model's standing with its peers for people: the second judgement, beside the verdict."""
     if entry is None:
-        return ""
+        return f"group {group}: no peer to compare with" if group else ""
     if entry.agreement is None:
         return f"group {entry.group}: nothing to compare yet"
     if entry.agreement is False:
         return (f"disagrees with group {entry.group} ({entry.kind}): {entry.detail}; "
                 f"held against {', '.join(entry.held_against)}")
-    difference = "" if entry.largest_difference is None else f", logprobs within {entry.largest_difference:g}"
+    difference = f", largest logprob difference {entry.largest_difference:g}" if entry.largest_difference else ""
     pending = f"; {entry.detail}" if entry.detail else ""
     return f"agrees with group {entry.group}{difference}{pending}"
 
@@ -77,7 +77,8 @@ def rows(state: ServerState, now: float, confirmations: int = DEFAULT_CONFIRMATI
             summary=model.decision.summary, poll=detail, poll_age=poll_age,
             canary_age=now - last if last is not None else None, labels=dict(state.config.labels),
             endpoints=tuple((e.endpoint, *endpoint_state(e)) for e in entries),
-            peers=peer_words(peers), disagrees=peers is not None and peers.agreement is False,
+            peers=peer_words(peers, state.peer_group(key) if model.poll is not None else None),
+            disagrees=peers is not None and peers.agreement is False,
         ))
     return found
 

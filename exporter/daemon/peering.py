@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
-from ..peers import Comparison, Peer, Standing, compare, member_name
-from ..state import Fleet
+from ..peers import Answer, Comparison, Peer, Standing, compare, fresh, member_name
+from ..state import Fleet, ModelState
 
 log = structlog.get_logger("specwatch")
 SECONDS_PER_MEMBER = 0.01
@@ -31,6 +31,10 @@ class PeerBoard:
         """Each server's models by key, with their group."""
         self._dirty: set[str] = set()
         self._compared_at: dict[str, float] = {}
+        self._seen: dict[Member, Mapping[str, Answer]] = {}
+        """The answers each member's last comparison saw: any other is fresh for the next one."""
+        self._inputs: dict[Member, tuple[object, ...]] = {}
+        """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
         self.configured_only = False
         """Sharded: only groups set in the config, which a shard watches whole (shard.shard_key); a group by model
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
@@ -41,6 +45,7 @@ class PeerBoard:
         self.tolerance, self.confirmations, self.max_gap = tolerance, confirmations, max_gap
         self._dirty.update(self._groups)
         self._compared_at.clear()
+        self._inputs.clear()
 
     def touch(self, name: str) -> None:
         """The server changed (a poll, a canary, a reload): place its models in their groups, mark those for comparing."""
@@ -59,10 +64,19 @@ class PeerBoard:
         for key, group in before.items():
             if now.get(key) != group:
                 self._leave(group, (name, key))
+                self._inputs.pop((name, key), None)
+                self._seen.pop((name, key), None)
                 gone[(name, key)] = None
         for key, group in now.items():
-            self._groups.setdefault(group, set()).add((name, key))
-            self._dirty.add(group)
+            member = (name, key)
+            self._groups.setdefault(group, set()).add(member)
+            model = state.models.get(key) if state is not None else None
+            inputs = _inputs(group, model)
+            last = self._inputs.get(member)
+            # The canaries by identity: a poll keeps the very mapping, each canary makes a new one.
+            if last is None or last[:-1] != inputs[:-1] or last[-1] is not inputs[-1]:
+                self._inputs[member] = inputs
+                self._dirty.add(group)
         if now:
             self._by_server[name] = now
         else:
@@ -75,6 +89,8 @@ class PeerBoard:
         for name in names:
             for key, group in self._by_server.pop(name, {}).items():
                 self._leave(group, (name, key))
+                self._inputs.pop((name, key), None)
+                self._seen.pop((name, key), None)
 
     def _leave(self, group: str, member: Member) -> None:
         members = self._groups.get(group)
@@ -104,7 +120,7 @@ class PeerBoard:
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
         streaks: dict[str, int] = {}
-        fresh: dict[str, set[str]] = {}
+        new: dict[str, set[str]] = {}
         before: dict[Member, Standing | None] = {}
         for member in members:
             server = self._fleet.get(member[0])
@@ -117,15 +133,24 @@ class PeerBoard:
             peers[name], names[name], before[member] = peer, member, model.peers
             last = model.peers if model.peers is not None and model.peers.group == group else None
             streaks[name] = last.comparison.streak if last is not None else 0
-            fresh[name] = last.fresh(peer) if last is not None else set(peer.answers)
-        results = compare(peers, tolerance=self.tolerance, confirmations=self.confirmations, streaks=streaks, fresh=fresh)
+            new[name] = fresh(peer, self._seen.get(member, {}) if last is not None else {})
+        results = compare(peers, tolerance=self.tolerance, confirmations=self.confirmations, streaks=streaks, fresh=new)
+        for name, peer in peers.items():
+            self._seen[names[name]] = peer.answers
         # A group of one compares nothing: it has no standing, as an opted-out server has none.
         standings: dict[Member, Standing | None] = {m: None for m in members}
         if len(peers) >= 2:
-            standings.update({names[n]: Standing(group, c, peers[n].answers) for n, c in results.items()})
+            standings.update({names[n]: Standing(group, c) for n, c in results.items()})
         for member, standing in standings.items():
             _log_change(member, before.get(member), standing)
         self._fleet.record_peers(standings)
+
+
+def _inputs(group: str, model: ModelState | None) -> tuple[object, ...]:
+    """What a member brings to its group's comparison, the canaries last."""
+    if model is None:
+        return (group, None, None, None, None)
+    return (group, model.loaded, model.poll.props if model.poll is not None else None, model.meta_for, model.canaries)
 
 
 def _shown(standing: Standing | None) -> tuple[bool | None, str | None]:
