@@ -1,6 +1,6 @@
-"""Replicas compared: how soon one that serves another file is reported, false disagreements of a busy pool, the CPU.
+"""Replicas compared: how soon one that serves another file is reported, and false disagreements of a busy pool.
 
-Three parts, each on its own with --only:
+Two parts, each on its own with --only (the CPU of comparing is bench.peer_cpu's):
 
 - latency: three real llama-servers under one alias (the generated cycle model, Q8_0) and the real `specwatch run`
   at the default intervals, tolerance and confirmations. One replica is restarted on its own address with another
@@ -11,9 +11,6 @@ Three parts, each on its own with --only:
 - busy: three replicas with 4 slots each, every one kept busy by --load concurrent requests all the time, watched at
   short intervals for --minutes; every scrape's specwatch_peer_agreement and largest difference are read. Target: no
   disagreement at all, and the largest difference measured against the default tolerance.
-- cpu: specwatch.peers.compare() over a fleet of --servers members in groups of --group, each with a --tokens answer
-  (3 alternatives) on every endpoint, each group compared once per member's canary, as often as the daemon allows
-  (once per 10 ms per member): the CPU of one canary interval's comparisons, at most.
 """
 
 from __future__ import annotations
@@ -31,11 +28,9 @@ from pathlib import Path
 import httpx
 
 from bench.canary_economy import Scraper, specwatch, spread
-from specwatch.daemon.peering import SECONDS_PER_MEMBER
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
-from specwatch.endpoints import Endpoint
-from specwatch.peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE, Answer, Fingerprint, Peer, compare
+from specwatch.peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
 from specwatch.settings.schema import DEFAULT_CANARY_INTERVAL, DEFAULT_POLL_INTERVAL
 from tests.support.metrics import Samples, find, parse
 from tests.support.replicas import ALIAS, requantize
@@ -145,61 +140,24 @@ def busy(work: Path, minutes: float, load: int, interval: str) -> dict[str, obje
             "largest_difference": round(largest, 6), "load_requests": counted[0], "minutes": minutes}
 
 
-def _answer(rng: random.Random, tokens: int) -> Answer:
-    texts = tuple(f"t{rng.randrange(300)}" for _ in range(tokens))
-    values = tuple(-rng.random() for _ in range(tokens))
-    alternatives = tuple(tuple((f"a{j}", -1.0 - rng.random()) for j in range(3)) for _ in range(tokens))
-    return Answer(texts, values, alternatives)
-
-
-def cpu(servers: int, group: int, tokens: int, rounds: int) -> dict[str, float]:
-    """The CPU of one canary interval's comparisons at most: every member's canary brings its group to be compared,
-    and the daemon compares a group no more often than once per 10 ms per member (daemon.peering)."""
-    rng = random.Random(7)
-    fingerprint = Fingerprint("b11434", "gemma-q4_k_m.gguf", "Q4_K - Medium", "253", "268", "262144", "32768", "640")
-    groups = []
-    for start in range(0, servers, group):
-        members = range(start, min(start + group, servers))
-        answers = {e.value: _answer(rng, tokens) for e in Endpoint}
-        groups.append({f"s{m:05d}": Peer(fingerprint, answers) for m in members})
-    started = time.process_time()
-    for _ in range(rounds):
-        for peers in groups:
-            # At most once per member's canary, and no more often than the board's gap for a group of that size.
-            gap = min(DEFAULT_POLL_INTERVAL, SECONDS_PER_MEMBER * len(peers))
-            for _compared in range(min(len(peers), max(1, int(DEFAULT_CANARY_INTERVAL / gap)))):
-                compare(peers)
-    seconds = (time.process_time() - started) / rounds
-    return {"servers": servers, "group": group, "tokens": tokens, "endpoints": len(Endpoint),
-            "cpu_seconds_per_canary_interval": round(seconds, 3),
-            "share_of_one_core": round(seconds / DEFAULT_CANARY_INTERVAL, 4)}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peer_agreement", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("latency", "busy", "cpu"), action="append", help="run only these parts")
+    parser.add_argument("--only", choices=("latency", "busy"), action="append", help="run only these parts")
     parser.add_argument("--repetitions", type=int, default=3, help="changes per case (latency; default 3)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a change may take to show (default 600)")
     parser.add_argument("--minutes", type=float, default=10.0, help="how long the busy pool runs (default 10)")
     parser.add_argument("--load", type=int, default=3, help="concurrent requests per busy replica (default 3)")
     parser.add_argument("--interval", default="5s", help="poll and canary interval of the busy run (default 5s)")
-    parser.add_argument("--servers", type=int, default=1000, help="members compared (cpu; default 1000)")
-    parser.add_argument("--group", type=int, default=3, help="members per group (cpu; default 3)")
-    parser.add_argument("--tokens", type=int, default=8,
-                        help="tokens per answer (cpu; default 8, a plain server's canary; 32 where it speculates)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
-    parts = args.only or ["latency", "busy", "cpu"]
+    parts = args.only or ["latency", "busy"]
     print(f"{os.cpu_count()} CPUs; defaults: poll {DEFAULT_POLL_INTERVAL:g}s, canary {DEFAULT_CANARY_INTERVAL:g}s, "
           f"tolerance {DEFAULT_TOLERANCE:g}, confirmations {DEFAULT_CONFIRMATIONS}")
     results: dict[str, object] = {}
     failed = False
     with tempfile.TemporaryDirectory(prefix="specwatch-peers-") as tmp:
         work = Path(tmp)
-        if "cpu" in parts:
-            results["cpu"] = cpu(args.servers, args.group, args.tokens, rounds=3)
-            print(f"cpu: {json.dumps(results['cpu'])}")
         if "latency" in parts:
             (work / "latency").mkdir()
             found, errors = latency(work / "latency", args.repetitions, args.timeout)
