@@ -1,13 +1,14 @@
 """Replicas compared on real llama-servers: which agree, which disagree and how, as the daemon, the gate and check see it.
 
 One pool of real servers under one alias, started once for the module (they are only read): two replicas of one file
-with other -np/-c/-b, one of them kept busy by other requests all along; a draft and an n-gram replica; that file
+with other -np/-c/-b, one of them kept busy by other requests while the daemon watches; a draft and an n-gram replica; that file
 requantized to Q4_0; another file of the same shape; a file of the same name, shape and words whose cycle runs the
 other way; and a router serving the pool's file as a model of the same name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -35,7 +36,6 @@ DISAGREEING = {"requantized": "fingerprint", "other-file": "fingerprint", "same-
 @dataclass
 class Pool:
     servers: dict[str, LlamaServer]
-    busy_answers: list[int]
 
     def url(self, name: str) -> str:
         return self.servers[name].url
@@ -71,8 +71,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         "same-name": (same_name, alias, 1, 2048),
     }
     servers: dict[str, LlamaServer] = {}
-    stop = threading.Event()
-    answered = [0]
     try:
         for name, (model, extra, parallel, ctx) in specs.items():
             servers[name] = LlamaServer(model, extra, parallel=parallel, ctx_size=ctx, log_dir=work).start()
@@ -80,15 +78,25 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
                              log_dir=work).start()
         servers["router"] = router
         router.load(ALIAS)
-        load = [threading.Thread(target=_keep_busy, args=(servers["wide"].url, stop, answered), daemon=True)
-                for _ in range(3)]
-        for thread in load:
-            thread.start()
-        yield Pool(servers, answered)
+        yield Pool(servers)
     finally:
-        stop.set()
         for server in servers.values():
             server.close()
+
+
+@contextlib.contextmanager
+def busy(url: str, requests: int = 3) -> Iterator[list[int]]:
+    """`requests` other requests decoding on the server all the time (it runs one thread: about one core)."""
+    stop, answered = threading.Event(), [0]
+    threads = [threading.Thread(target=_keep_busy, args=(url, stop, answered), daemon=True) for _ in range(requests)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=70)
 
 
 def _check(*args: str) -> tuple[int, dict]:
@@ -103,7 +111,7 @@ def test_the_daemon_finds_the_replicas_that_serve_another_model_and_the_gate_ref
     config = tmp_path / "specwatch.yml"
     lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.servers.items()]
     config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 1s\ncanary_interval: 1s\n", encoding="utf-8")
-    with ExporterProcess("--config", str(config)) as exporter:
+    with busy(pool.url("wide")) as answered, ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
         metrics = f"{exporter.url()}/metrics"
         seen_wide: list[float | None] = []
@@ -118,7 +126,7 @@ def test_the_daemon_finds_the_replicas_that_serve_another_model_and_the_gate_ref
 
         wait_until("every replica's agreement", settled, timeout=120, interval=0.5, alive=exporter.process)
         # The busy replica never disagreed, not even for a scrape, while other requests decoded beside its canaries.
-        assert 0.0 not in seen_wide and pool.busy_answers[0] > 0
+        assert 0.0 not in seen_wide and answered[0] > 0
         samples = scrape(metrics)
         for name in ("requantized", "other-file"):
             assert find(samples, "specwatch_peer_largest_difference", server=name, peer_group=ALIAS) > 0.1
