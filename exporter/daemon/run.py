@@ -126,7 +126,8 @@ class Daemon:
 
     def landing_page(self) -> str:
         now = time.time()
-        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now)])
+        confirmations = self.settings.peer_confirmations
+        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now, confirmations)])
 
     def sd(self, verdict: str | None) -> list[dict[str, Any]]:
         """GET /sd: the watched llama-servers as Prometheus http_sd target groups."""

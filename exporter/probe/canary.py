@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..endpoints import Endpoint
+from ..peers import Answer, answer_of
 from ..reasons import ProbeFailure, Reason
 from .answers import (
     Chunk,
@@ -58,6 +59,8 @@ class Tally:
     draft_accepted: int | None
     model: str | None = None
     """The model the answer says produced it, when it says."""
+    answer: Answer | None = None
+    """What this answer brings to a comparison with the model's peers."""
 
     @property
     def judged_tokens(self) -> int:
@@ -165,7 +168,7 @@ def classify(reading: Reading) -> Tally:
         raise ProbeFailure(Reason.NO_LOGPROBS, "logprobs were requested but none came back")
     if all(t.alternatives is None for t in tokens):
         raise ProbeFailure(Reason.NO_LOGPROBS, "alternatives were requested but none came back")
-    fill_ins = sum(1 for t in tokens[1:] if t.logprob is None or not t.alternatives or t.marked)
+    fill_ins = sum(1 for i, t in enumerate(tokens) if t.fill_in(i))
     values = [t.logprob for t in tokens if t.logprob is not None]
     return Tally(
         tokens=len(tokens),
@@ -174,4 +177,5 @@ def classify(reading: Reading) -> Tally:
         draft_n=reading.draft_n,
         draft_accepted=reading.draft_accepted,
         model=reading.model,
+        answer=answer_of(tokens),
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
+from ..peers import META_FIELDS
 from ..reasons import ProbeFailure, Reason
 
 # Values from a server become label values and samples on every scrape: one hostile server must not
@@ -34,6 +35,8 @@ class Props:
     """Random per process start (build 11434): a new one means the server restarted, whatever else stayed the same."""
     sleeping: bool = False
     """`is_sleeping`: the server unloaded its model after --sleep-idle-seconds; /slots or a completion would wake it."""
+    file: str = ""
+    """The base name of `model_path`: which file the process runs, whatever its alias."""
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -131,6 +134,7 @@ def parse_props(data: Any) -> Props:
         role=label_safe(role) if role is not None else None,
         media_marker=marker[:MAX_LABEL_CHARS] if isinstance(marker, str) and marker else None,
         sleeping=bool(sleeping),
+        file=label_safe(PurePath(path).name) if path and path != "none" else "",
     )
 
 
@@ -176,6 +180,25 @@ def model_ids(data: Any) -> list[str]:
             raise _shape_error(f"/v1/models data[{index}].id is not a usable model name")
         ids.append(model_id)
     return list(dict.fromkeys(ids))
+
+
+def parse_meta(data: Any, names: set[str]) -> dict[str, str]:
+    """What a /v1/models listing says of one model's file (META_FIELDS, as label values): the entry one of `names`
+    names, or the only one; {} when it says nothing."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_MODELS:
+        raise _shape_error("/v1/models has no data list")
+    listed = [e for e in entries if isinstance(e, dict)]
+    chosen = next((e for e in listed if e.get("id") in names), listed[0] if len(listed) == 1 else None)
+    meta = chosen.get("meta") if chosen is not None else None
+    if not isinstance(meta, dict):
+        return {}
+    found = {}
+    for key in META_FIELDS:
+        value = meta.get(key)
+        if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+            found[key] = label_safe(str(value))
+    return found
 
 
 def parse_models(data: Any) -> list[RouterModel]:
