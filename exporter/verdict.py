@@ -212,6 +212,33 @@ def through_a_front_end(decision: Decision) -> Decision:
 
 
 @dataclass(frozen=True)
+class Disagreement:
+    """A replica that disagrees with its peer group's majority (specwatch.peers), as a gate names it."""
+
+    name: str
+    """The server, and a router's model after a slash."""
+    kind: str
+    """fingerprint, tokens or logprobs."""
+    held_against: tuple[str, ...]
+    detail: str
+
+
+DISAGREEING_EXIT_CODE = 1
+"""A gate's exit code when a replica it selected disagrees with its peers: as for fill-ins, do not score."""
+
+
+def beside_peers(decision: Decision, disagreements: Sequence[Disagreement]) -> tuple[Decision, int]:
+    """The fill-in verdict unchanged, the peer judgement beside it: any replica that disagrees makes a gate exit 1."""
+    if not disagreements:
+        return decision, decision.verdict.exit_code
+    each = "; ".join(f"{d.name} ({d.kind}: {d.detail}; held against {', '.join(d.held_against) or 'the others'})"
+                     for d in disagreements)
+    said = (f"{len(disagreements)} replica(s) disagree with their peer group, so an eval routed across them mixes "
+            f"models: {each}")
+    return Decision(decision.verdict, f"{decision.summary}; {said}"), DISAGREEING_EXIT_CODE
+
+
+@dataclass(frozen=True)
 class Freshness:
     """How recent the evidence is behind a verdict a daemon holds, and whether the daemon counts it fresh."""
 

@@ -35,6 +35,10 @@ class PeerBoard:
         """The answers each member's last comparison saw: any other is fresh for the next one."""
         self._inputs: dict[Member, tuple[object, ...]] = {}
         """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
+        self.configured_only = False
+        """Sharded: only groups set in the config, which a shard watches whole (shard.shard_key); a group by model
+        name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
+        those by fingerprint across shards (alerts/specwatch.rules.yml)."""
 
     def configure(self, *, tolerance: float, confirmations: int, max_gap: float) -> None:
         """Reloaded settings: every group is compared again under them."""
@@ -52,6 +56,8 @@ class PeerBoard:
             for key, model in state.models.items():
                 # A plain server's group comes from what it reports: while it does not answer it stays where it was.
                 group = state.peer_group(key) if model.poll is not None or state.router else before.get(key)
+                if self.configured_only and not state.config.peer_group:
+                    group = None
                 if group is not None:
                     now[key] = group
         gone: dict[Member, Standing | None] = {}
