@@ -60,6 +60,8 @@ class ModelState:
     slots_at: float | None = None
     """Unix time /slots was last asked (the poll reuses its answer while /props shows the same process)."""
     seen: tuple[object, ...] | None = None
+    process: str | None = None
+    """The media_marker of the last good poll, kept through failures: another one is another process."""
     """The setup of the last good poll, kept through failures so a restart with the same setup is told apart."""
     full_round_due: str | None = "new"
     """Why a canary of every endpoint is due, if one is: "new" (first seen), "changed" (another build, model, slots,
@@ -167,12 +169,27 @@ class ModelState:
             due: str | None = "changed"
         else:
             due = self.full_round_due or ("back" if self.poll is None else None)
+        process = found.result.props.media_marker
+        if changed and self.seen is not None:
+            # Verdicts of what ran before a change say nothing about what runs now.
+            canaries = _EMPTY
+        elif process != self.process and self.process is not None:
+            # A restart with the same setup keeps its fill-in verdicts, but the new process may have loaded other
+            # weights under the same file name: its peers compare only what it answered itself.
+            canaries = MappingProxyType({e: _unanswered(c) for e, c in self.canaries.items()})
+        else:
+            canaries = self.canaries
         return replace(
             self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen, full_round_due=due,
-            slots_at=now if found.slots_asked else self.slots_at,
-            # Verdicts of what ran before a change say nothing about what runs now.
-            canaries=_EMPTY if changed and self.seen is not None else self.canaries,
+            slots_at=now if found.slots_asked else self.slots_at, process=process or self.process, canaries=canaries,
         )
+
+
+def _unanswered(canary: CanaryState) -> CanaryState:
+    """The canary's verdict without the answer it keeps for comparing with peers."""
+    if canary.tally is None or canary.tally.answer is None:
+        return canary
+    return replace(canary, tally=replace(canary.tally, answer=None))
 
 
 @dataclass(frozen=True)

@@ -216,3 +216,20 @@ async def test_a_poll_that_changes_nothing_compares_nothing(watcher_of: Build, c
     watcher.peers.settle()
     assert compared == [{"a", "b", "c"}]
     assert watcher.fleet.get("c").model().peers.comparison.kind == "fingerprint"
+
+
+async def test_a_restart_with_the_same_setup_is_not_held_to_the_old_process_answers(watcher_of: Build,
+                                                                                   clock: FakeClock) -> None:
+    fakes = _pool(cycle_shift=1)
+    watcher = watcher_of(fakes, peer_confirmations=1, canary_endpoints=["chat"])
+    await _rounds(watcher, clock)
+    assert _document(watcher, clock)["c"]["kind"] == "tokens"
+    # Restarted on the right weights, same file name, build and slots: the fill-in verdict stands, the answers go.
+    fakes["c"].cycle_shift, fakes["c"].media_marker = 0, "<__media_restarted__>"
+    await watcher.poll("c")
+    watcher.peers.settle()
+    peers = _document(watcher, clock)["c"]
+    assert (peers["agreement"], peers["kind"]) == (True, None)
+    assert watcher.fleet.get("c").model().canaries  # the fill-in verdict of the same setup is kept
+    await _rounds(watcher, clock)
+    assert _document(watcher, clock)["c"]["agreement"] is True
