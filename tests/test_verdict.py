@@ -71,6 +71,11 @@ TABLE = [
     (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(), ok("completion")]), Verdict.UNPROVEN, "/slots says"),
     (Evidence(poll_failure=None, speculation_slots=False, speculation_props=True, endpoints=[ok()]), Verdict.UNPROVEN,
      "/props says"),
+    # /slots off and a /props that tells the truth (#28119) says speculation: that witness is named, whatever the canaries.
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=True, endpoints=[ok()]), Verdict.UNPROVEN,
+     "/props says the server speculates, but no canary drafted"),
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=True,
+              endpoints=[ok(tally=CHAT_PROOF), ok("completion", LONG)]), Verdict.UNPROVEN, "/props says"),
     # Speculation unseen (/slots off, or a front end that hides it): a short canary that did not draft proves nothing.
     (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.UNPROVEN,
      "needs a canary of 8 tokens or more on a raw-prompt endpoint (completion, completion_stream, "
