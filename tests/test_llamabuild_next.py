@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from specwatch.gate.options import DEFAULT_TOKENS
+from specwatch.daemon.landing import rows
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import cycle_text, write_cycle_model
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import CheckReport, render_text, run_check
+from specwatch.gate.options import DEFAULT_TOKENS
 from specwatch.report import endpoint_state
 from specwatch.settings.schema import ServerConfig
 from specwatch.verdict import Verdict
@@ -28,6 +29,7 @@ from tests.support.llamabuild import (
     PROPS_TRUTHFUL_ENV,
     build_env,
 )
+from tests.support.metrics import exposition, parse, value
 from tests.support.router import PREDICTED, counters
 from tests.support.waiting import wait_until_async
 from tests.test_cadence_economy import CANARY_ALLOWANCE, _model, _round_done, _seen, _verdict, watching
@@ -99,6 +101,20 @@ def test_28119_props_lists_the_types_in_use_and_can_still_hold_none(server):
     assert "LLAMA_SPEC_PROPS_TRUTHFUL=1" in server((), PROPS_TRUTHFUL_ENV).log_path.read_text()
     # Switched off, /props says "none" on a server that speculates: build 11434.
     assert (props_types(server(DRAFT)), slots_speculative(server(DRAFT))) == ("none", True)
+
+
+async def test_a_props_that_tells_the_truth_is_no_contradiction_and_is_shown_as_reported(server):
+    truthful, b11434 = server(DRAFT, PROPS_TRUTHFUL_ENV), server(DRAFT)
+    names = ("truthful", "b11434")
+    async with watching(servers=[{"name": "truthful", "url": truthful.url}, {"name": "b11434", "url": b11434.url}],
+                        poll_interval="1s", canary_interval="1h") as (watcher, _):
+        await wait_until_async("both polled", lambda: all((m := _model(watcher, n)) is not None and m.poll is not None
+                                                          for n in names), timeout=30)
+        samples = parse(exposition(watcher.fleet))
+    assert [value(samples, "specwatch_speculation_contradiction", server=n) for n in names] == [0, 1]
+    assert [value(samples, "specwatch_speculation_enabled", server=n, source="props") for n in names] == [1, 0]
+    assert rows(watcher.fleet.get("truthful"), 0.0)[0].poll == "up; speculation per /slots: on; /props: none,draft-simple"
+    assert rows(watcher.fleet.get("b11434"), 0.0)[0].poll == "up; speculation per /slots: on"
 
 
 def test_28391_a_server_given_no_flag_speculates_with_ngram_mod_unless_told_not_to(server):
