@@ -1,6 +1,5 @@
-"""The builds upstream has in flight, played by the patched llama-server's switches (tests/llama/upstream-prs.patch): what
-each serves, and what specwatch reports on every endpoint; docs/llama-server-behaviour.md's table is checked against
-what is measured here."""
+"""The builds upstream has in flight, played by the patched llama-server's switches: what each serves, and what specwatch
+reports on every endpoint, checked against docs/llama-server-behaviour.md's table."""
 
 from __future__ import annotations
 

@@ -181,16 +181,14 @@ def classify(reading: Reading) -> Tally:
 
 
 def judge(spec: EndpointSpec, reading: Reading) -> Tally:
-    """A canary's answer classified; on a post-sampling one, values that cannot be post-sampling fail it.
-
-    The canary asks at temperature 0, where sampling keeps one candidate: every real post-sampling token is prob 1.0
-    with one entry in top_probs. Several entries, or a lower prob, are pre-sampling numbers under the post-sampling
-    keys (a revision of upstream #27196 fills drafted tokens so): real-looking, and not what was asked. Fill-ins found
-    on the same answer stay the verdict.
-    """
+    """A canary's answer classified; on a post-sampling one, values that cannot be post-sampling fail it."""
     tally = classify(reading)
+    # Fill-ins found on the same answer are proof, and stay the verdict.
     if not spec.post_sampling or tally.fill_ins:
         return tally
+    # The canary asks at temperature 0, where sampling keeps one candidate: a real post-sampling token is prob 1.0 with
+    # one entry in top_probs. Several entries, or a lower prob, are pre-sampling numbers under the post-sampling keys
+    # (a revision of upstream #27196 fills drafted tokens so): real-looking, and not what was asked.
     other = [t for t in reading.tokens[1:] if (t.alternatives or 0) > 1 or (t.logprob is not None and t.logprob < -1e-6)]
     if other:
         lowest = math.exp(min(t.logprob for t in other if t.logprob is not None))
