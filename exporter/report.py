@@ -41,6 +41,8 @@ class ModelReport:
     summary: str = ""
     speculation_slots: bool | None = None
     speculation_props: bool | None = None
+    speculation_types: str | None = None
+    """`speculative.types` as /props reports it (see Props.speculation_types)."""
     build: str | None = None
     endpoints: list[EndpointReport] = field(default_factory=list)
 
@@ -77,6 +79,7 @@ def model_report(key: str, model: ModelState) -> ModelReport:
                          verdict=decision.verdict.value, summary=decision.summary)
     if poll is not None:
         report.speculation_props = poll.props.speculative
+        report.speculation_types = poll.props.speculation_types
         report.speculation_slots = poll.slots.speculative if poll.slots is not None else None
         report.build = poll.props.build
         reasons = {e.value: c.failure_reason.value for e, c in model.canaries.items() if c.failure_reason is not None}

@@ -115,19 +115,21 @@ def decide(evidence: Evidence) -> Decision:
         why = "; ".join(f"{e.endpoint}: {e.failure or 'no canary yet'}" for e in unchecked)
         return Decision(Verdict.UNCHECKED, f"could not check every endpoint: {why}")
     drafted = any(e.tally is not None and e.tally.drafted for e in evidence.endpoints)
+    # A witness that says speculation comes first: with /slots off, a /props that tells the truth (upstream #28119)
+    # is one, and no canary length can clear what it says.
+    if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
+        source = "/slots" if evidence.speculation_slots else "/props"
+        return Decision(
+            Verdict.UNPROVEN,
+            f"{source} says the server speculates, but no canary drafted (timings.draft_n), "
+            "so its logprobs are not proven real; do not score",
+        )
     if evidence.speculation_slots is None and not drafted and (missing := _unproven_kinds(evidence.endpoints)):
         had = ", ".join(f"{e.endpoint} {e.tally.tokens}" for e in evidence.endpoints if e.tally is not None)
         return Decision(
             Verdict.UNPROVEN,
             "speculation cannot be seen (/slots is off or not reachable) and no canary was long enough to make every "
             f"n-gram type draft: that needs a canary of {' and one of '.join(missing)}, and it had {had}; "
-            "so its logprobs are not proven real; do not score",
-        )
-    if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
-        source = "/slots" if evidence.speculation_slots else "/props"
-        return Decision(
-            Verdict.UNPROVEN,
-            f"{source} says the server speculates, but no canary drafted (timings.draft_n), "
             "so its logprobs are not proven real; do not score",
         )
     if drafted:

@@ -66,6 +66,9 @@ def rows(state: ServerState, now: float, confirmations: int = DEFAULT_CONFIRMATI
             slots = model.poll.slots
             speculation = "unknown (/slots off)" if slots is None else "on" if slots.speculative else "off"
             detail += f"; speculation per /slots: {speculation}"
+            if model.poll.props.speculative:
+                # Only a /props that names a type says something: build 11434 says "none" whatever the server does.
+                detail += f"; /props: {model.poll.props.speculation_types}"
         elif state.poll_success and state.router:
             detail += f"; model {model.status}"
         last = model.last_canary_at

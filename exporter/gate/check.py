@@ -68,6 +68,8 @@ class CheckReport:
     summary: str = ""
     speculation_slots: bool | None = None
     speculation_props: bool | None = None
+    speculation_types: str | None = None
+    """`speculative.types` as /props reports it."""
     build: str | None = None
     model: str | None = None
     endpoints: list[EndpointReport] = field(default_factory=list)
@@ -285,6 +287,7 @@ def report_of(server: ServerConfig, state: ServerState, *, key_sent: bool) -> tu
     if not state.router:
         ((only, decision),) = checked
         report.speculation_slots, report.speculation_props = only.speculation_slots, only.speculation_props
+        report.speculation_types = only.speculation_types
         report.build, report.endpoints = only.build, only.endpoints
         report.model = server.model or only.model or None
         return report, decision
@@ -317,12 +320,17 @@ def _known(flag: bool | None) -> str:
     return "unknown" if flag is None else ("on" if flag else "off")
 
 
+def _speculation(slots: bool | None, props: bool | None, types: str | None) -> str:
+    named = f" ({types})" if props else ""
+    return f"speculation: /slots {_known(slots)}, /props {_known(props)}{named}"
+
+
 def render_text(report: CheckReport) -> str:
     lines = [f"{report.verdict.upper()}: {report.summary}"]
     if not report.router:
         lines += [
             f"server {report.url}  build={report.build or '?'}  model={report.model or '?'}",
-            f"speculation: /slots {_known(report.speculation_slots)}, /props {_known(report.speculation_props)}",
+            _speculation(report.speculation_slots, report.speculation_props, report.speculation_types),
             *_endpoint_lines(report.endpoints, "  "),
         ]
         return "\n".join(lines)
@@ -330,7 +338,7 @@ def render_text(report: CheckReport) -> str:
     for m in report.models:
         lines.append(f"  model {m.model} ({m.status}): {m.verdict.upper()}: {m.summary}")
         if m.status == "loaded" and m.build is not None:
-            lines.append(f"    speculation: /slots {_known(m.speculation_slots)}, /props {_known(m.speculation_props)}")
+            lines.append(f"    {_speculation(m.speculation_slots, m.speculation_props, m.speculation_types)}")
         lines += _endpoint_lines(m.endpoints, "    ")
     return "\n".join(lines)
 

@@ -24,7 +24,8 @@ MAX_MODELS = 4096
 @dataclass(frozen=True)
 class Props:
     speculation_types: str | None
-    """`speculative.types` as /props reports it ("none" on every build seen so far), None if absent."""
+    """`speculative.types` as /props reports it, None if absent: "none" on every server of build 11434; a comma list of
+    the types in use where /props tells the truth (upstream #28119), which can still hold "none" ("none,ngram-mod")."""
     total_slots: int | None
     model: str
     build: str
@@ -48,10 +49,18 @@ class Props:
         return self.role == ROUTER_ROLE
 
     @property
+    def speculation_type_names(self) -> tuple[str, ...]:
+        """Each name of the comma list, as reported: a name specwatch does not know is kept, and counts as speculation."""
+        if self.speculation_types is None:
+            return ()
+        return tuple(name for name in (part.strip() for part in self.speculation_types.split(",")) if name)
+
+    @property
     def speculative(self) -> bool | None:
         if self.speculation_types is None:
             return None
-        return self.speculation_types.strip().lower() not in ("", "none")
+        # "none" alongside another type is that type ("none,ngram-mod"); "none" twice is still none.
+        return any(name.lower() != "none" for name in self.speculation_type_names)
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ def parse_props(data: Any) -> Props:
     if sleeping is not None and not isinstance(sleeping, bool):
         raise _shape_error("/props is_sleeping is not a boolean")
     return Props(
-        speculation_types=types,
+        speculation_types=label_safe(types) if types is not None else None,
         total_slots=total_slots,
         model=label_safe(alias or (PurePath(path).name if path else "")),
         build=label_safe(_optional_str(data, "build_info")),

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from ..endpoints import Endpoint
 from ..reasons import ProbeFailure, Reason
-from .canary import TABLE, Tally, classify
+from .canary import TABLE, Tally, judge
 from .fetch import Fetcher
 from .llama import (
     Props,
@@ -291,4 +291,4 @@ async def _canary(
     reading = spec.read(answer)
     if model and reading.model and model not in names_of(reading.model):
         raise ProbeFailure(Reason.MODEL_MISMATCH, f"asked model {model!r}, answered by {reading.model[:100]!r}")
-    return classify(reading)
+    return judge(spec, reading)

@@ -194,6 +194,9 @@ class FakeLlama(Lookalike):
     """Fields every token entry carries beside llama-server's own (a newer build's additions)."""
     fixed_but_post_sampling: bool = False
     """A build with upstream's fix (PR #27196): real probabilities for drafted tokens, but for post_sampling_probs."""
+    pre_sampling_under_post: bool = False
+    """A revision of that fix: with post_sampling_probs, drafted tokens (the `fill_ins` positions) carry pre-sampling
+    probabilities and alternatives under `prob`/`top_probs` instead of placeholders."""
     model_alias: str = "tiny.gguf"
     model_path: str | None = None
     """None: /models/<model_alias>."""
@@ -335,9 +338,15 @@ class FakeLlama(Lookalike):
         self.counters.add(generated, draft_n, accepted)
         stream = bool(body.get("stream"))
         fill_ins = self.fill_ins if post or not self.fixed_but_post_sampling else frozenset()
+        pre_at: frozenset[int] = frozenset()
+        if post and self.pre_sampling_under_post:
+            pre_at, fill_ins = frozenset(fill_ins), frozenset()
+        # At temperature 0 sampling keeps one candidate: a real post-sampling token is prob 1.0 with one alternative.
+        greedy = post and body.get("temperature") == 0
         key = (kind, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(fill_ins),
                frozenset(self.real_zero_at), draft_n, accepted, self.build_info, self.placeholder_field,
-               self.fill_in_alternatives, self.token_extra, self.cycle_shift, self.token_probability)
+               self.fill_in_alternatives, self.token_extra, self.cycle_shift, self.token_probability,
+               greedy, pre_at)
         pieces = _COMPLETIONS.get(key)
         if pieces is None:
             if len(_COMPLETIONS) > 4096:  # property tests ask for thousands of distinct shapes
@@ -407,6 +416,10 @@ class _Shape:
     token_extra: tuple[tuple[str, Any], ...] = ()
     shift: int = 0
     probability: float = TOKEN_PROBABILITY
+    greedy: bool = False
+    """Post-sampling at temperature 0: real tokens are prob 1.0 with the one candidate sampling kept."""
+    pre_at: frozenset[int] = frozenset()
+    """Positions that carry pre-sampling values although post-sampling ones were asked for."""
 
     @property
     def chat(self) -> bool:
@@ -428,9 +441,12 @@ class _Shape:
         def value(p: float) -> float:
             return p if self.post else math.log(p)
 
+        candidates = [(text, token_id, probability), *OTHERS][: self.alternatives]
+        if self.greedy and position not in self.pre_at:
+            probability, candidates = 1.0, [(text, token_id, 1.0)][: self.alternatives]
         entry[value_key] = value(probability)
         entry[list_key] = [{"id": cid, "token": ctext, "bytes": list(ctext.encode()), value_key: value(p)}
-                           for ctext, cid, p in [(text, token_id, probability), *OTHERS][: self.alternatives]]
+                           for ctext, cid, p in candidates]
         return entry
 
     def timings(self) -> dict[str, Any]:
