@@ -47,6 +47,9 @@ class Recorded:
     DRAFTED_RATE = "server_model:llamacpp_drafted_tokens:rate5m"
     GENERATED_RATE = "server_model:llamacpp_generated_tokens:rate5m"
     DRAFTED_SHARE = "server_model:llamacpp_drafted_tokens:ratio_rate5m"
+    FINGERPRINT_SERVERS = "job_peer_group_fingerprint:specwatch_model_fingerprint_info:count"
+    PEER_GROUP_SERVERS = "job_peer_group:specwatch_model_fingerprint_info:count"
+    FLEET_FINGERPRINT_AGREEMENT = "server_model:specwatch_peer_fingerprint_agreement:fleet"
 
 
 # A fleet flips at once when an upgrade turns speculative decoding on for every server of a build (llama.cpp PR #28391:
@@ -59,6 +62,12 @@ class Recorded:
 FLIP_BY = ("job", "pool", "build")
 FLIP_SERVERS = 5
 FLIP_SHARE = 0.5
+
+# The labels of specwatch_model_fingerprint_info that tell two files apart; the fleet-wide comparison groups by them.
+FINGERPRINT = ("build", "file", "ftype", "size", "n_params", "n_vocab", "n_ctx_train", "n_embd")
+# How long a replica must disagree with its peers before a ticket is filed. The exporter already counts a disagreement
+# only once repeated canaries confirm it; this is the second guard: a noisy answer that slips through stays a blip.
+PEER_FOR = "10m"
 
 # Labels the rules group and match by: aggregating one of them away would merge what the alerts tell apart.
 KEPT_LABELS = frozenset({"job", "server", "model", "endpoint", "verdict"})
@@ -172,6 +181,37 @@ def recording(c: RulesConfig) -> list[Record]:
                "1 when every judged token is a fill-in."),
         Record(Recorded.CANARY_TOKENS_PER_HOUR, "sum by (job) (rate(specwatch_canary_generated_tokens_total[1h])) * 3600",
                "What watching costs: canary tokens the servers generated per hour, fleet-wide (all replicas count: each asks)."),
+    ]
+
+
+def _fingerprints(c: RulesConfig) -> str:
+    """Each watched server's fingerprint, once however many replicas report it, held over an exporter's restart; a
+    server outside every group (peer_group: none) has an empty peer_group and is compared with nothing."""
+    grouped = _held('specwatch_model_fingerprint_info{peer_group!=""}')
+    return f"max {c.without()} ({grouped})"
+
+
+def peers(c: RulesConfig) -> list[Record]:
+    group, each = "job, peer_group", ", ".join(FINGERPRINT)
+    return [
+        Record(Recorded.FINGERPRINT_SERVERS, f"count by ({group}, {each}) (\n  {_fingerprints(c)}\n)",
+               "Fleet-wide, across shards: the servers (router models count one each) of each peer group that report "
+               "each fingerprint."),
+        Record(Recorded.PEER_GROUP_SERVERS,
+               f"count by ({group}) (\n  count by ({group}, server, model) (\n    {_fingerprints(c)}\n  )\n)",
+               "The members of each peer group, each counted once: a server an HA pair reports twice, even with two "
+               "fingerprints while it changes, is one member and never held against itself."),
+        Record(Recorded.FLEET_FINGERPRINT_AGREEMENT,
+               f"max {c.without(*FINGERPRINT)} (\n"
+               f"  {_fingerprints(c)}\n"
+               f"    * on ({group}, {each}) group_left ()\n"
+               f"  (\n    {Recorded.FINGERPRINT_SERVERS} * 2\n      > bool on ({group}) group_left ()\n"
+               f"    {Recorded.PEER_GROUP_SERVERS}\n  )\n"
+               ")\n"
+               f"and on ({group}) ({Recorded.PEER_GROUP_SERVERS} > 1)",
+               "Per member of a peer group of two or more, across every exporter and shard: 1 when its fingerprint is "
+               "the group's strict majority, 0 when it is not (in a group of two that differ, both). The exporters' "
+               "own specwatch_peer_agreement compares answers too, but only among the servers one exporter watches."),
     ]
 
 
@@ -326,6 +366,25 @@ def alerts(c: RulesConfig) -> list[Alert]:
             for_="15m",
         ),
         Alert(
+            "SpecwatchReplicaDisagrees",
+            "A second judgement beside the fill-in verdict: this replica of a pool serves another model than its peers "
+            "(another file, quantization or build under the same name), so an eval behind the pool mixes models. Either "
+            "witness fires it: the exporter's comparison of fingerprints and canary answers within a peer group, which "
+            "it counts only once repeated canaries confirm it, or the fingerprint compared across every exporter and "
+            "shard. Every replica watching the server must say so (max); `for:` on top of the confirmation keeps one "
+            "noisy answer from ever filing a ticket. A ticket, as `specwatch check --exporter` refuses the pool already.",
+            f"max {c.without()} ({_held('specwatch_peer_agreement')}) == 0\n"
+            f"or\n{Recorded.FLEET_FINGERPRINT_AGREEMENT} == 0",
+            "warning",
+            "llama-server {{ $labels.server }} disagrees with its peers in group {{ $labels.peer_group }}",
+            f"{{{{ $labels.server }}}}{_MODEL} answers unlike the majority of its peer group {{{{ $labels.peer_group }}}}"
+            f"{_POOL}: another model file, quantization or build under the same name, so an eval routed across the group "
+            "scores a mix of models. The exporter's /api/v1/verdicts and landing page say how (fingerprint, tokens or "
+            "logprobs) and which replica it is held against. Take it out of the pool (or the group: peer_group in "
+            "specwatch's config), serve the same file as its peers, and re-run the evals the pool served meanwhile.",
+            for_=PEER_FOR,
+        ),
+        Alert(
             "SpecwatchVerdictUnchecked",
             'The catch-all of "could not check": whatever keeps the verdict unknown (no canary has ever run, an endpoint '
             "never answered) files a ticket, so specwatch never silently stops watching a server. The more specific "
@@ -448,7 +507,7 @@ def alerts(c: RulesConfig) -> list[Alert]:
 
 
 def groups(c: RulesConfig) -> list[tuple[str, list[Record] | list[Alert]]]:
-    return [("specwatch.recording", recording(c)), ("specwatch.llama-server", llama_server(c)),
+    return [("specwatch.recording", recording(c)), ("specwatch.peers", peers(c)), ("specwatch.llama-server", llama_server(c)),
             ("specwatch.alerts", alerts(c))]
 
 

@@ -66,6 +66,7 @@ def verdict_rank(match: str) -> str:
     rank = {"fill_ins": 3, "unproven": 2, "unchecked": 1}
     terms = [f'(specwatch_verdict{{{match}, verdict="{name}"}} * {value})' for name, value in rank.items()]
     return " + ignoring (verdict) ".join(terms)
+AGREEMENT_WORDS = words({"0": ("DISAGREES", "red"), "1": ("agrees", "green")})
 ON_OFF_WORDS = words({"0": ("off", "green"), "1": ("on", "orange")})
 UP_WORDS = words({"0": ("down", "red"), "1": ("up", "green")})
 LOADED_WORDS = words({"0": ("not loaded", "blue"), "1": ("loaded", "green")})
@@ -260,6 +261,40 @@ def fleet() -> model.Dashboard:
         "a server on in /slots and off in /props is a config-audit contradiction.",
         f"max by (server, model, source) (specwatch_speculation_enabled{{{MODEL_MATCH}}})",
             "{{server}} {{model}} /{{source}}", ON_OFF_WORDS))
+
+    board = board.with_row(dash.Row("Replicas and their peers"))
+    peer = f"{MODEL_MATCH}, peer_group!=\"\""
+    board = board.with_panel(merged_table(
+        "Replicas that disagree with their peers",
+        "Per member of a peer group (servers that report the same model, or share peer_group in the config): whether "
+        "it agrees with the group's majority, as the exporter watching the group compares fingerprints and confirmed "
+        "canary answers, and as the fingerprints compare across every exporter and shard; the largest logprob "
+        "difference of its real tokens against the group's reference; and what it serves. A row that disagrees files "
+        "SpecwatchReplicaDisagrees after 10 minutes; the exporter's /api/v1/verdicts says the kind and the replica it is "
+        "held against.",
+        {
+            "answers agree": f"max by (job, peer_group, server, model) (specwatch_peer_agreement{{{peer}}})",
+            "fingerprint agrees (fleet)":
+                f"max by (job, peer_group, server, model) ({Recorded.FLEET_FINGERPRINT_AGREEMENT}{{{peer}}})",
+            "largest logprob difference":
+                f"max by (job, peer_group, server, model) (specwatch_peer_largest_difference{{{peer}}})",
+            "file and quantization": f"max by (job, peer_group, server, model, file, ftype, build) "
+                                     f"(specwatch_model_fingerprint_info{{{peer}}})",
+        },
+        hide=("Value #D",), height=8,
+    ).data_links([server_link]).override_by_name("answers agree", [
+        model.DynamicConfigValue(id_val="mappings", value=AGREEMENT_WORDS),
+        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]).override_by_name("fingerprint agrees (fleet)", [
+        model.DynamicConfigValue(id_val="mappings", value=AGREEMENT_WORDS),
+        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]))
+    board = board.with_panel(timeline(
+        "Agreement with peers, since when",
+        "Per member of a peer group, whether the exporter finds it agreeing with its group's majority; the red span is "
+        "the window in which an eval behind the group mixed models.",
+        f"max by (server, model, peer_group) (specwatch_peer_agreement{{{peer}}})", "{{peer_group}}: {{server}} {{model}}",
+        AGREEMENT_WORDS))
 
     board = board.with_row(dash.Row("Canary verdicts"))
     board = board.with_panel(graph(

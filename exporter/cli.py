@@ -161,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
         "--check-config", action="store_true", help="validate the config, print what would be watched, and exit"
     )
     run.add_argument(
-        "--shard", metavar="INDEX/COUNT", help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server name)"
+        "--shard", metavar="INDEX/COUNT",
+        help="watch only share INDEX of COUNT replicas, e.g. 0/3 (hash of the server's peer_group, else its name)"
     )
     run.add_argument(
         "--web-config", type=Path, metavar="FILE",
@@ -178,7 +179,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG_CHECK,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("url", nargs="?", help="the llama-server base URL, e.g. http://127.0.0.1:8080 (or use --exporter)")
+    check.add_argument("urls", nargs="*", metavar="URL",
+                       help="the llama-server base URL, e.g. http://127.0.0.1:8080 (or use --exporter); several are "
+                            "checked each, and compared with each other as replicas of one pool")
     for option in OPTIONS:
         if option.mode is not Mode.EXPORTER:
             _add_option(check, option)
@@ -322,7 +325,7 @@ def _check(args: argparse.Namespace) -> int:
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with how check was called, in words: the URL and --exporter exclude each other, and their flags."""
     values = vars(args)
-    return mode_problem(values, url=args.url, spelling=CHECK) or exporter_flags_problem(values, CHECK)
+    return mode_problem(values, url=args.urls, spelling=CHECK) or exporter_flags_problem(values, CHECK)
 
 
 def _asked(args: argparse.Namespace) -> int:
@@ -337,7 +340,7 @@ def _asked(args: argparse.Namespace) -> int:
 
 
 def _checked(args: argparse.Namespace) -> int:
-    from .gate.check import render_text, run_check
+    from .gate.check import render_checks, render_text, run_check, run_checks
 
     problem = _usage_problem(args)
     if problem is not None:
@@ -347,12 +350,19 @@ def _checked(args: argparse.Namespace) -> int:
         return _asked(args)
 
     try:
-        server = check_server(args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model)
+        servers = [check_server(url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model)
+                   for url in args.urls]
     except ValueError as err:
         print(f"specwatch check: {err}", file=sys.stderr)
         return EX_USAGE
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
-    report = asyncio.run(run_check(server, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout, load=args.load))
+    if len(servers) > 1:
+        checks = asyncio.run(run_checks(servers, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
+                                        load=args.load))
+        print(json.dumps(checks.as_json(), indent=2) if args.json else render_checks(checks))
+        return checks.exit_code
+    report = asyncio.run(run_check(servers[0], endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
+                                   load=args.load))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
     return report.exit_code
 

@@ -22,6 +22,9 @@ class Reason(StrEnum):
     INVALID_RESPONSE = "invalid_response"
     BODY_TOO_LARGE = "body_too_large"
     NO_LOGPROBS = "no_logprobs"
+    NOT_POST_SAMPLING = "not_post_sampling"
+    """Post-sampling probabilities were asked for at temperature 0, where sampling keeps one candidate (prob 1.0, one
+    entry in top_probs), and tokens came with other numbers: pre-sampling ones, under the post-sampling keys."""
     MODEL_MISMATCH = "model_mismatch"
     NOT_LOADED = "not_loaded"
     """A router answered that the model is not loaded: a state of the model, not a failure of the server."""

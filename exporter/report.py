@@ -9,6 +9,7 @@ from typing import Literal
 
 import pydantic
 
+from .peers import Comparison
 from .probe.canary import Tally
 from .state import ModelState
 from .verdict import Freshness, Verdict
@@ -40,6 +41,8 @@ class ModelReport:
     summary: str = ""
     speculation_slots: bool | None = None
     speculation_props: bool | None = None
+    speculation_types: str | None = None
+    """`speculative.types` as /props reports it (see Props.speculation_types)."""
     build: str | None = None
     endpoints: list[EndpointReport] = field(default_factory=list)
 
@@ -76,6 +79,7 @@ def model_report(key: str, model: ModelState) -> ModelReport:
                          verdict=decision.verdict.value, summary=decision.summary)
     if poll is not None:
         report.speculation_props = poll.props.speculative
+        report.speculation_types = poll.props.speculation_types
         report.speculation_slots = poll.slots.speculative if poll.slots is not None else None
         report.build = poll.props.build
         reasons = {e.value: c.failure_reason.value for e, c in model.canaries.items() if c.failure_reason is not None}
@@ -96,6 +100,36 @@ class EndpointEntry(EndpointReport):
 
 
 @dataclass(kw_only=True)
+class PeersEntry:
+    """How a model stands with its peer group (specwatch.peers): the second judgement, beside the fill-in verdict."""
+
+    group: str
+    agreement: bool | None
+    """False once a disagreement is confirmed (a fingerprint at once); None before there is anything to compare."""
+    kind: str | None = None
+    """"fingerprint", "tokens" or "logprobs" when it disagrees."""
+    held_against: list[str] = field(default_factory=list)
+    """The replicas it is held against, named as `member_name` names them."""
+    largest_difference: float | None = None
+    """The largest logprob difference to the group's median in the last comparison."""
+    detail: str = ""
+
+
+def peers_entry(group: str, comparison: Comparison[str], confirmations: int) -> PeersEntry:
+    """A comparison as the verdicts document shows it: a disagreement not yet confirmed is said, not counted."""
+    counted = comparison.counted
+    detail = comparison.detail
+    if comparison.agreement is False and not comparison.confirmed:
+        detail = f"unconfirmed ({comparison.streak} of {confirmations} answers): {detail}"
+    difference = comparison.largest_difference
+    return PeersEntry(
+        group=group, agreement=counted, kind=comparison.kind if counted is False else None,
+        held_against=list(comparison.held_against) if counted is False else [],
+        largest_difference=None if difference is None else round(difference, 4), detail=detail,
+    )
+
+
+@dataclass(kw_only=True)
 class ModelEntry(ModelReport):
     """One model of a server in the verdicts document: its report, and how fresh the daemon holds it."""
 
@@ -108,6 +142,8 @@ class ModelEntry(ModelReport):
     max_age_seconds: float
     max_poll_age_seconds: float
     fresh: bool
+    peers: PeersEntry | None = None
+    """Its standing with its peer group; None for a group of one or a server taken out of comparisons."""
 
     def freshness(self) -> Freshness:
         return Freshness(self.fresh, self.age_seconds, self.max_age_seconds, self.poll_age_seconds, self.max_poll_age_seconds)

@@ -8,6 +8,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from .endpoints import Endpoint
+from .peers import META_FIELDS, Fingerprint, Peer, Standing, group_of
 from .probe.canary import Tally
 from .probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
 from .reasons import Reason
@@ -37,10 +38,10 @@ class CanaryState:
         return self.failure_reason is None
 
 
-def fingerprint(result: PollResult) -> tuple[object, ...]:
+def setup_of(result: PollResult) -> tuple[object, ...]:
     """What identifies a running model: a restart with another build, model, slots, context or speculation changes it."""
     props, slots = result.props, result.slots
-    return (props.build, props.model, props.total_slots, props.n_ctx, props.speculation_types,
+    return (props.build, props.model, props.file, props.total_slots, props.n_ctx, props.speculation_types,
             None if slots is None else (slots.count, slots.speculative))
 
 
@@ -59,7 +60,9 @@ class ModelState:
     slots_at: float | None = None
     """Unix time /slots was last asked (the poll reuses its answer while /props shows the same process)."""
     seen: tuple[object, ...] | None = None
-    """The fingerprint of the last good poll, kept through failures so a restart with the same setup is told apart."""
+    process: str | None = None
+    """The media_marker of the last good poll, kept through failures: another one is another process."""
+    """The setup of the last good poll, kept through failures so a restart with the same setup is told apart."""
     full_round_due: str | None = "new"
     """Why a canary of every endpoint is due, if one is: "new" (first seen), "changed" (another build, model, slots,
     context or speculation), "back" (answering again after a failed poll or an unload)."""
@@ -73,6 +76,29 @@ class ModelState:
     """Canaries that succeeded ("success") and failed ("failure")."""
     canary_tokens: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     """Canary tokens "requested" (asked for) and "generated" (in the answers)."""
+    meta: Mapping[str, str] | None = None
+    """What /v1/models says of the model file (peers.META_FIELDS); None before it was asked."""
+    meta_for: tuple[object, ...] | None = None
+    """The process (Props.identity) `meta` was asked of: another process is asked again."""
+    peers: Standing | None = None
+    """Its standing in its peer group after the last comparison; None outside any comparison."""
+
+    def fingerprint(self) -> Fingerprint | None:
+        """What the server says of the model file, for comparing it with its peers; None while it is not polled."""
+        if self.poll is None:
+            return None
+        props = self.poll.props
+        known = self.meta if self.meta is not None and self.meta_for == props.identity else _EMPTY
+        return Fingerprint(build=props.build, file=props.file, **{k: known.get(k, "") for k in META_FIELDS})
+
+    def peer(self) -> Peer | None:
+        """This model as its group's comparison sees it: None while it is not polled and loaded."""
+        fingerprint = self.fingerprint()
+        if fingerprint is None or not self.loaded:
+            return None
+        answers = {e.value: c.tally.answer for e, c in self.canaries.items() if c.tally is not None and c.tally.answer}
+        return Peer(fingerprint, answers)
+
 
     @property
     def loaded(self) -> bool:
@@ -137,18 +163,33 @@ class ModelState:
         if found.result is None:
             failure = found.failure
             return replace(self, status=found.status, poll=None, poll_failure=str(failure) if failure else "no answer")
-        now_seen = fingerprint(found.result)
+        now_seen = setup_of(found.result)
         changed = now_seen != self.seen
         if changed and self.seen is not None:
             due: str | None = "changed"
         else:
             due = self.full_round_due or ("back" if self.poll is None else None)
+        process = found.result.props.media_marker
+        if changed and self.seen is not None:
+            # Verdicts of what ran before a change say nothing about what runs now.
+            canaries = _EMPTY
+        elif process != self.process and self.process is not None:
+            # A restart with the same setup keeps its fill-in verdicts, but the new process may have loaded other
+            # weights under the same file name: its peers compare only what it answered itself.
+            canaries = MappingProxyType({e: _unanswered(c) for e, c in self.canaries.items()})
+        else:
+            canaries = self.canaries
         return replace(
             self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen, full_round_due=due,
-            slots_at=now if found.slots_asked else self.slots_at,
-            # Verdicts of what ran before a change say nothing about what runs now.
-            canaries=_EMPTY if changed and self.seen is not None else self.canaries,
+            slots_at=now if found.slots_asked else self.slots_at, process=process or self.process, canaries=canaries,
         )
+
+
+def _unanswered(canary: CanaryState) -> CanaryState:
+    """The canary's verdict without the answer it keeps for comparing with peers."""
+    if canary.tally is None or canary.tally.answer is None:
+        return canary
+    return replace(canary, tally=replace(canary.tally, answer=None))
 
 
 @dataclass(frozen=True)
@@ -167,6 +208,12 @@ class ServerState:
     poll_failures: Mapping[Reason, int] = field(default_factory=lambda: _EMPTY)
     poll_outcomes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     models: Mapping[str, ModelState] = field(default_factory=lambda: _EMPTY)
+
+    def peer_group(self, key: str) -> str | None:
+        """The peer group of one of its models (specwatch.peers.group_of); None outside any."""
+        model = self.models.get(key)
+        reported = key if self.router else (model.poll.props.model if model is not None and model.poll else "")
+        return group_of(self.config.peer_group, reported, whole_server=not self.router or bool(self.config.model))
 
     def model(self, key: str | None = None) -> ModelState | None:
         """One watched model: by default the configured one, or the server's only model."""
@@ -258,6 +305,21 @@ class Fleet:
         if old is None or model is None:
             return None
         return self._update(name, models=MappingProxyType({**old.models, key: replace(model, **change)}))
+
+    def record_meta(self, name: str, key: str, meta: Mapping[str, str], identity: tuple[object, ...]) -> Change | None:
+        """What /v1/models said of the model file of the process `identity` names."""
+        return self._update_model(name, key, {"meta": MappingProxyType(dict(meta)), "meta_for": identity})
+
+    def record_peers(self, standings: Mapping[tuple[str, str], Standing | None]) -> None:
+        """The standings a comparison gave, by (server, model key), in one update."""
+        servers = dict(self._servers)
+        for (name, key), standing in standings.items():
+            server = servers.get(name)
+            model = server.models.get(key) if server is not None else None
+            if server is not None and model is not None and model.peers != standing:
+                servers[name] = server = replace(
+                    server, models=MappingProxyType({**server.models, key: replace(model, peers=standing)}))
+        self._servers = servers
 
     def start_round(self, name: str, key: str, *, full: bool, now: float) -> Change | None:
         """A canary round began: the next one is due a canary_interval from now; a full one is no longer due."""

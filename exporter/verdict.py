@@ -115,19 +115,21 @@ def decide(evidence: Evidence) -> Decision:
         why = "; ".join(f"{e.endpoint}: {e.failure or 'no canary yet'}" for e in unchecked)
         return Decision(Verdict.UNCHECKED, f"could not check every endpoint: {why}")
     drafted = any(e.tally is not None and e.tally.drafted for e in evidence.endpoints)
+    # A witness that says speculation comes first: with /slots off, a /props that tells the truth (upstream #28119)
+    # is one, and no canary length can clear what it says.
+    if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
+        source = "/slots" if evidence.speculation_slots else "/props"
+        return Decision(
+            Verdict.UNPROVEN,
+            f"{source} says the server speculates, but no canary drafted (timings.draft_n), "
+            "so its logprobs are not proven real; do not score",
+        )
     if evidence.speculation_slots is None and not drafted and (missing := _unproven_kinds(evidence.endpoints)):
         had = ", ".join(f"{e.endpoint} {e.tally.tokens}" for e in evidence.endpoints if e.tally is not None)
         return Decision(
             Verdict.UNPROVEN,
             "speculation cannot be seen (/slots is off or not reachable) and no canary was long enough to make every "
             f"n-gram type draft: that needs a canary of {' and one of '.join(missing)}, and it had {had}; "
-            "so its logprobs are not proven real; do not score",
-        )
-    if (evidence.speculation_slots or evidence.speculation_props) and not drafted:
-        source = "/slots" if evidence.speculation_slots else "/props"
-        return Decision(
-            Verdict.UNPROVEN,
-            f"{source} says the server speculates, but no canary drafted (timings.draft_n), "
             "so its logprobs are not proven real; do not score",
         )
     if drafted:
@@ -209,6 +211,33 @@ def through_a_front_end(decision: Decision) -> Decision:
     """A front end that forwards only /v1/* hides speculation: the summary says the verdict rests on /v1 alone."""
     return Decision(decision.verdict, f"{decision.summary} (through a front end that forwards only /v1/*: /props and "
                     "/slots answer 404 there, so speculation cannot be seen; judged from the /v1 endpoints)")
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """A replica that disagrees with its peer group's majority (specwatch.peers), as a gate names it."""
+
+    name: str
+    """The server, and a router's model after a slash."""
+    kind: str
+    """fingerprint, tokens or logprobs."""
+    held_against: tuple[str, ...]
+    detail: str
+
+
+DISAGREEING_EXIT_CODE = 1
+"""A gate's exit code when a replica it selected disagrees with its peers: as for fill-ins, do not score."""
+
+
+def beside_peers(decision: Decision, disagreements: Sequence[Disagreement]) -> tuple[Decision, int]:
+    """The fill-in verdict unchanged, the peer judgement beside it: any replica that disagrees makes a gate exit 1."""
+    if not disagreements:
+        return decision, decision.verdict.exit_code
+    each = "; ".join(f"{d.name} ({d.kind}: {d.detail}; held against {', '.join(d.held_against) or 'the others'})"
+                     for d in disagreements)
+    said = (f"{len(disagreements)} replica(s) disagree with their peer group, so an eval routed across them mixes "
+            f"models: {each}")
+    return Decision(decision.verdict, f"{decision.summary}; {said}"), DISAGREEING_EXIT_CODE
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def restored_logging():
 
 @pytest.fixture(scope="session")
 def fixed_llama_binary(pytestconfig) -> pathlib.Path:
-    """The llama-server patched to fill real probabilities on the speculative path when its env has FILL_PROBS_ON."""
+    """The patched llama-server: build 11434, or with upstream PRs' behaviours switched on (llamabuild.build_env)."""
     return llamabuild.session_binary(pytestconfig)
 
 

@@ -125,9 +125,10 @@ async def test_the_api_document(fleet: Served) -> None:
     assert list(document) == ["api", "specwatch", "generated_at", "poll_interval_seconds", "canary_interval_seconds",
                               "verdicts", "servers"]
     assert list(document["servers"][1]) == ["server", "url", "labels", "router", "up", "models"]
-    assert list(model) == ["model", "status", "verdict", "summary", "speculation_slots", "speculation_props", "build",
+    assert list(model) == ["model", "status", "verdict", "summary", "speculation_slots", "speculation_props",
+                           "speculation_types", "build",
                            "endpoints", "key", "age_seconds", "poll_age_seconds", "max_age_seconds", "max_poll_age_seconds",
-                           "fresh"]
+                           "fresh", "peers"]
     assert list(model["endpoints"][0]) == ["endpoint", "tokens", "judged_tokens", "fill_ins", "fill_in_ratio", "mean_logprob",
                                            "draft_n", "error", "reason", "age_seconds"]
     assert json.loads(json.dumps(asdict(read_verdicts(document)))) == document

@@ -9,7 +9,7 @@ import pytest
 
 from specwatch.endpoints import Endpoint
 from specwatch.probe.answers import Reading, Token
-from specwatch.probe.canary import TABLE, classify
+from specwatch.probe.canary import TABLE, classify, judge
 from specwatch.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 
@@ -31,7 +31,37 @@ def _answer(fake: FakeLlama, endpoint: Endpoint) -> Reading:
 def test_plain_server_has_no_fill_ins(endpoint: Endpoint) -> None:
     tally = classify(_answer(FakeLlama.plain(tokens=16), endpoint))
     assert (tally.tokens, tally.fill_ins) == (16, 0)
-    assert tally.mean_logprob == pytest.approx(math.log(0.7))
+    # At the canary's temperature 0, sampling keeps one candidate: post-sampling, every real token is certain.
+    assert tally.mean_logprob == pytest.approx(0.0 if TABLE[endpoint].post_sampling else math.log(0.7))
+
+
+@pytest.mark.parametrize("fake", [FakeLlama.plain(tokens=16), FakeLlama.fixed_build(tokens=16),
+                                  FakeLlama.future_fixed(tokens=16)], ids=["plain", "fixed", "future"])
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+def test_judge_is_classify_where_the_values_are_what_was_asked(fake: FakeLlama, endpoint: Endpoint) -> None:
+    assert judge(TABLE[endpoint], _answer(fake, endpoint)) == classify(_answer(fake, endpoint))
+
+
+def test_pre_sampling_numbers_under_post_sampling_keys_fail_the_post_sampling_canary() -> None:
+    fake = FakeLlama(speculative=True, fill_ins=set(range(1, 16)), drafts=12, tokens=16, pre_sampling_under_post=True)
+    spec = TABLE[Endpoint.COMPLETION_POST_SAMPLING]
+    reading = _answer(fake, Endpoint.COMPLETION_POST_SAMPLING)
+    # Not fill-ins: every token has its value and its alternatives, only not the post-sampling ones.
+    assert classify(reading).fill_ins == 0
+    with pytest.raises(ProbeFailure) as caught:
+        judge(spec, reading)
+    assert caught.value.reason is Reason.NOT_POST_SAMPLING
+    assert caught.value.detail == (
+        "15 of 15 tokens after the first carry pre-sampling numbers under prob/top_probs (up to 3 alternatives, prob as "
+        "low as 0.700; at temperature 0 a post-sampling token is prob 1.0 with one); the server drafted (timings.draft_n 12)")
+    # Only the post-sampling canary asks for post-sampling values: the other endpoints of that build are real.
+    assert judge(TABLE[Endpoint.COMPLETION], _answer(fake, Endpoint.COMPLETION)).fill_ins == 15
+    # One such token is enough, and fill-ins on the same answer stay the verdict.
+    one = FakeLlama(speculative=True, fill_ins={5}, drafts=1, tokens=16, pre_sampling_under_post=True)
+    with pytest.raises(ProbeFailure, match="1 of 15 tokens"):
+        judge(spec, _answer(one, Endpoint.COMPLETION_POST_SAMPLING))
+    filled = judge(spec, _answer(FakeLlama.draft(tokens=16), Endpoint.COMPLETION_POST_SAMPLING))
+    assert filled.fill_ins == 15
 
 
 @pytest.mark.parametrize("endpoint", list(Endpoint))

@@ -60,6 +60,32 @@ async def test_a_build_that_drafts_and_returns_real_alternatives_is_clean() -> N
     assert "drafted" in report.summary
 
 
+async def test_pre_sampling_numbers_under_post_sampling_keys_are_never_clean() -> None:
+    """A revision of the fix fills drafted tokens with pre-sampling values, post_sampling_probs or not."""
+    fake = FakeLlama(speculative=True, fill_ins=set(range(1, 32)), drafts=24, fixed_but_post_sampling=True,
+                     pre_sampling_under_post=True)
+    report = await _check(fake)
+    assert (report.verdict, report.exit_code) == ("unchecked", Verdict.UNCHECKED.exit_code)
+    by_endpoint = {e.endpoint: e for e in report.endpoints}
+    assert by_endpoint["completion_post_sampling"].reason == "not_post_sampling"
+    assert all(e.fill_ins == 0 and e.draft_n == 24 for name, e in by_endpoint.items() if name != "completion_post_sampling")
+    # The summary says what was served, and where.
+    assert report.summary.startswith("could not check every endpoint: completion_post_sampling: not_post_sampling: 31 of 31 "
+                                     "tokens after the first carry pre-sampling numbers under prob/top_probs")
+    # Asked only where the values are right, the same build is clean.
+    server = ServerConfig(name="check", url="http://srv:8080")
+    report = await run_check(server, endpoints=[Endpoint.COMPLETION, Endpoint.CHAT], tokens=16, timeout=5,
+                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
+    assert report.verdict == "clean"
+
+
+async def test_a_props_list_is_shown_with_the_speculation_it_says() -> None:
+    report = await _check(FakeLlama.draft(props_types="none,draft-simple"))
+    assert report.speculation_types == "none,draft-simple"
+    assert "speculation: /slots on, /props on (none,draft-simple)" in render_text(report)
+    assert "speculation: /slots off, /props off\n" in render_text(await _check(FakeLlama.plain()))
+
+
 async def test_slots_disabled_and_no_fill_ins_is_clean() -> None:
     report = await _check(FakeLlama.plain(slots_enabled=False))
     assert (report.verdict, report.exit_code, report.speculation_slots) == ("clean", Verdict.CLEAN.exit_code, None)

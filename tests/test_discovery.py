@@ -74,6 +74,15 @@ def test_targets_become_servers_named_by_label_or_address() -> None:
     ]
 
 
+def test_a_meta_label_sets_the_peer_group_and_no_series_label() -> None:
+    servers = servers_from_groups([
+        {"targets": ["a:1"], "labels": {"pool": "a", "__specwatch_peer_group": "eval"}},
+        {"targets": ["b:1"], "labels": {"__specwatch_peer_group": "none"}},
+        {"targets": ["c:1"], "labels": {"__specwatch_peer_group": ""}},  # empty is unset, as in Prometheus
+    ], SOURCE, "here")
+    assert [(s.peer_group, s.labels) for s in servers] == [("eval", {"pool": "a"}), ("none", {}), (None, {})]
+
+
 def test_a_config_with_discovery_alone_is_valid_and_has_no_default_target(tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
     config.write_text("file_sd_configs:\n  - files: [/etc/specwatch/targets/*.json]\n")

@@ -40,6 +40,7 @@ async def _exposition() -> str:
                       clock=lambda: 1_700_000_000.0, monotonic=lambda: next(ticks) * 0.25)
     for name in ("plain", "draft", "locked"):
         await watcher.poll(name)
+        await watcher.ask_meta(name)
         await watcher.canary(name)
     registry = CollectorRegistry(auto_describe=False)
     sources = (SourceStatus("file_sd[0]", 2, True, 1_699_999_000.0), SourceStatus("http_sd[0]", 0, False, None))

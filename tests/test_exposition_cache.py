@@ -100,9 +100,10 @@ async def test_series_per_server(make_watcher) -> None:
     series = {name: sum(1 for line in text.splitlines() if line.startswith("specwatch_") and f'server="{name}"' in line)
               for name in fakes}
     # Per server: 10 poll series, 8 per canaried endpoint (9 with draft counts; one of them, specwatch_canary_checked,
-    # is there before the first canary too), 4 verdicts and 5 other canary series.
+    # is there before the first canary too), 4 verdicts, 5 other canary series and 3 of peers (its fingerprint, its
+    # agreement and largest difference: both report tiny.gguf, so they are one group).
     endpoints = len(Endpoint)
-    assert series == {"plain": 10 + 8 * endpoints + 4 + 5, "draft": 10 + 9 * endpoints + 4 + 5}
+    assert series == {"plain": 10 + 8 * endpoints + 4 + 5 + 3, "draft": 10 + 9 * endpoints + 4 + 5 + 3}
 
 
 @pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])

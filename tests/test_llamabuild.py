@@ -57,11 +57,18 @@ def test_the_cmake_flags_are_the_non_native_set():
     )
 
 
-def test_the_patch_is_switched_by_the_environment_variable_it_names():
+def test_the_patch_is_switched_by_the_environment_variables_it_names():
     text = llamabuild.PATCH.read_text()
-    assert f'std::getenv("{llamabuild.FILL_PROBS_ENV}")' in text
-    assert "post_sampling_probs" in text
-    assert llamabuild.FILL_PROBS_ON == {llamabuild.FILL_PROBS_ENV: "1"}
+    added = "\n".join(line for line in text.splitlines() if line.startswith("+"))
+    for name in llamabuild.SWITCHES:
+        # Read once each, compared with "1": any other value, or none, leaves build 11434's behaviour.
+        assert added.count(f'"{name}"') == 1, name
+    assert 'std::strcmp(value, "1") == 0' in added and 'std::strcmp(value, "1") != 0' in added
+    assert llamabuild.FILL_PROBS_ON == {llamabuild.FILL_PROBS_ENV: "1", llamabuild.FILL_PRE_SAMPLING_ENV: "0",
+                                        llamabuild.PROPS_TRUTHFUL_ENV: "0", llamabuild.NGRAM_DEFAULT_ENV: "0"}
+    assert set(llamabuild.build_env().values()) == {"0"}
+    with pytest.raises(ValueError, match="no such switch: LLAMA_OTHER"):
+        llamabuild.build_env("LLAMA_OTHER")
 
 
 def test_an_sdist_that_is_not_the_pinned_one_is_refused(cache, tmp_path):

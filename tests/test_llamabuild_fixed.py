@@ -1,4 +1,5 @@
-"""The patched llama-server of tests/llama/speculative-probs.patch: inert with its switch off, real speculative logprobs on."""
+"""The patched llama-server of tests/llama/upstream-prs.patch: inert with its switches off, real speculative logprobs with
+#27196's on."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import pytest
 
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import cycle_text, write_cycle_model
-from tests.support.llamabuild import FILL_PROBS_ENV, FILL_PROBS_ON
+from tests.support.llamabuild import FILL_PROBS_ENV, FILL_PROBS_ON, SWITCHES, build_env
 
 pytestmark = pytest.mark.real
 
 N_TOKENS = 48
 N_PROBS = 3
 PROMPT = cycle_text(repeats=3).strip()
-FILL_PROBS_OFF = {FILL_PROBS_ENV: "0"}
-"""Explicitly off, whatever the environment the tests run in says: only "1" switches the patch on."""
+FILL_PROBS_OFF = build_env()
+"""Explicitly off, whatever the environment the tests run in says: only "1" switches a behaviour on."""
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def drafted(answer: dict) -> int:
 
 def test_switch_off_serves_the_same_fill_ins_as_the_pip_build(servers):
     pip, off = servers("pip"), servers("off")
-    assert FILL_PROBS_ENV not in off.log_path.read_text()
+    assert not any(name in off.log_path.read_text() for name in SWITCHES)
     for path, body, tokens_of in [
         ("/completion", completion_body(), lambda a: a["completion_probabilities"]),
         ("/v1/chat/completions", chat_body(), lambda a: a["choices"][0]["logprobs"]["content"]),

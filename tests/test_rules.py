@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.generate import ConfigError, Recorded, RulesConfig
+from alerts.generate import FINGERPRINT, ConfigError, Recorded, RulesConfig
 from specwatch.daemon.discovery import SourceStatus
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
@@ -85,8 +85,9 @@ def test_every_per_server_rule_drops_the_replica_labels_and_only_those() -> None
     clauses = [set(map(str.strip, labels.split(","))) for rule in alert_rules() + recording_rules()
                for labels in WITHOUT.findall(rule["expr"])]
     assert len(clauses) >= 14
-    # Besides the replicas' labels, a rule may drop the one label it folds: the verdict state, or the endpoint.
-    assert all(clause - {"verdict", "endpoint"} == {"instance", "pod"} for clause in clauses), clauses
+    # Besides the replicas' labels, a rule may drop what it folds: the verdict state, the endpoint, or the fingerprint.
+    folded = {"verdict", "endpoint", *FINGERPRINT}
+    assert all(clause - folded == {"instance", "pod"} for clause in clauses), clauses
 
 
 def test_the_recording_rules_the_dashboards_read_are_the_ones_defined() -> None:

@@ -48,7 +48,11 @@ def echoed(request: Seen) -> str:
 
 def _props_with(alias: str) -> bytes:
     return json.dumps({"default_generation_settings": {"params": {"speculative.types": "none"}}, "total_slots": 1,
-                       "model_alias": alias, "build_info": alias}).encode()
+                       "model_alias": alias, "build_info": alias, "model_path": f"/models/{alias}"}).encode()
+
+
+def _models_with(value: str) -> bytes:
+    return json.dumps({"data": [{"id": "tiny.gguf", "meta": {"ftype": value, "size": 1, "n_vocab": 320}}]}).encode()
 
 
 def _chat_with_logprob(value: str) -> bytes:
@@ -64,6 +68,7 @@ ECHOES: dict[str, tuple[str, Callable[[Seen], tuple[int, dict[str, str], bytes]]
     "redirect": ("/props", lambda r: (302, {"Location": f"http://elsewhere.invalid/?auth={echoed(r)}"}, b"")),
     "error-body": ("/props", lambda r: (401, {}, json.dumps({"error": {"message": f"bad key {echoed(r)}"}}).encode())),
     "model-alias": ("/props", lambda r: (200, {}, _props_with(echoed(r)))),
+    "models-meta": ("/v1/models", lambda r: (200, {}, _models_with(echoed(r)))),
     "truncated-json": ("/slots", lambda r: (200, {}, f'[{{"speculative": "{echoed(r)}'.encode())),
     "logprob-value": (CHAT, lambda r: (200, {}, _chat_with_logprob(echoed(r)))),
     "stream-error-line": (CHAT, lambda r: (200, {"Content-Type": "text/event-stream"}, f"error: {echoed(r)}\n\n".encode())),
@@ -118,8 +123,10 @@ def fleet_config(echo_servers: dict[str, FaultServer], other_failures: dict[str,
     return servers
 
 
-# These answer validly, only with the key as their model name, so they never fail; the label must not carry the key.
-HEALTHY_ECHOES = {"model-alias-file", "model-alias-env"}
+# These answer validly, only with the key as their model name (and file) or their file's quantization, so they never
+# fail; the labels must not carry the key.
+ALIAS_ECHOES = {"model-alias-file", "model-alias-env"}
+HEALTHY_ECHOES = {*ALIAS_ECHOES, "models-meta-file", "models-meta-env"}
 
 
 def assert_keys_reached(echo_servers: dict[str, FaultServer]) -> None:
@@ -151,6 +158,7 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
         with structlog.testing.capture_logs() as logs:
             names = [s.name for s in settings.servers]
             await asyncio.gather(*(watcher.poll(n) for n in names), *(watcher.canary(n) for n in names))
+            await asyncio.gather(*(watcher.ask_meta(n) for n in names))
     finally:
         await client.aclose()
     assert_keys_reached(echo_servers)
@@ -160,8 +168,12 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
     assert failed == {s.name for s in settings.servers} - HEALTHY_ECHOES
     assert leaks(repr(logs)) == []
     labels = {s.config.name: s.model().poll.props for s in watcher.fleet.snapshot() if s.model().poll is not None}
-    assert [labels[name].model for name in sorted(HEALTHY_ECHOES)] == ["Bearer [REDACTED]"] * 2
+    assert [labels[name].model for name in sorted(ALIAS_ECHOES)] == ["Bearer [REDACTED]"] * 2
+    assert [labels[name].file for name in sorted(ALIAS_ECHOES)] == ["Bearer [REDACTED]"] * 2
     assert leaks(repr(labels)) == []
+    fingerprints = {s.config.name: s.model().fingerprint() for s in watcher.fleet.snapshot()}
+    assert [fingerprints[f"models-meta-{k}"].ftype for k in ("file", "env")] == ["Bearer [REDACTED]"] * 2
+    assert leaks(repr(fingerprints)) == []
 
 
 @pytest.mark.slow

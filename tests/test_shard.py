@@ -1,4 +1,4 @@
-"""Sharding: every server watched by exactly one replica, by its name alone, exactly as Prometheus' hashmod assigns it."""
+"""Sharding: every server watched by exactly one replica, by its peer group or name alone, as Prometheus' hashmod assigns it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from specwatch.daemon.run import shard_of
-from specwatch.daemon.shard import hashmod, select
+from specwatch.daemon.shard import hashmod, select, shard_key
 from specwatch.demo.llamaserver import free_port
 from specwatch.settings.schema import Settings
 from tests.support.chain import http_ok
@@ -71,6 +71,29 @@ def test_assignment_depends_only_on_the_name() -> None:
         assert {s.name for s in watched_servers(before, f"{index}/5")} == {s.name for s in watched_servers(after, f"{index}/5")}
 
 
+@pytest.mark.parametrize("count", [2, 3, 7])
+def test_a_configured_peer_group_is_watched_whole_by_one_shard(count: int) -> None:
+    # Replicas of a pool compared with each other must meet in one exporter: the group, not the name, picks the shard.
+    pools = {f"pool-{p}": [f"pool-{p}-replica-{r}" for r in range(5)] for p in range(6)}
+    fleet = [{"name": n, "url": f"http://{n}:8080", "peer_group": group} for group, names in pools.items() for n in names]
+    fleet += [{"name": n, "url": f"http://{n}:8080"} for n in SETTINGS_NAMES[:30]]
+    fleet += [{"name": "opted-out", "url": "http://opted-out:8080", "peer_group": "none"}]
+    settings = Settings(servers=fleet)
+    shards = {index: {s.name for s in watched_servers(settings, f"{index}/{count}")} for index in range(count)}
+    for group, names in pools.items():
+        holding = [index for index, watched in shards.items() if set(names) <= watched]
+        assert holding == [hashmod(group, count)], f"{group} is split or misplaced: {shards}"
+    for name in [*SETTINGS_NAMES[:30], "opted-out"]:
+        assert [index for index, watched in shards.items() if name in watched] == [hashmod(name, count)]
+    assert sum(len(w) for w in shards.values()) == len(fleet)
+
+
+def test_the_shard_key_is_the_group_unless_opted_out() -> None:
+    assert shard_key("eval-a", "eval") == "eval"
+    assert shard_key("eval-a", None) == "eval-a"
+    assert shard_key("eval-a", "none") == "eval-a"
+
+
 @pytest.mark.real
 def test_assignment_is_the_same_in_a_fresh_process() -> None:
     """No per-process salt (such as Python's string hash seed) may move a server to another replica after a restart."""
@@ -119,17 +142,22 @@ def test_check_config_lists_only_the_replica_share(tmp_path: Path) -> None:
 
 @pytest.mark.real
 def test_prometheus_hashmod_relabelling_assigns_the_same_shards(tmp_path: Path) -> None:
-    """Real Prometheus relabels a target per name; its shard label must be specwatch's shard for that name."""
+    """Real Prometheus relabels a target per peer group or name; its shard label must be specwatch's shard for it."""
     modulus = 3
     names = SETTINGS_NAMES[:60]
+    grouped = {name: {"peer_group": f"pool-{i % 4}"} for i, name in enumerate(names[:20])}
     port = free_port()
     config = {
         "global": {"scrape_interval": "1h", "scrape_timeout": "1s"},
         "scrape_configs": [{
             "job_name": "fleet",
-            "static_configs": [{"targets": [f"127.0.0.1:{9 + i}"], "labels": {"server": name}} for i, name in enumerate(names)],
+            "static_configs": [{"targets": [f"127.0.0.1:{9 + i}"], "labels": {"server": name, **grouped.get(name, {})}}
+                               for i, name in enumerate(names)],
+            # The shard key: the peer group where one is set, else the server's name (docs/sharding.md).
             "relabel_configs": [
-                {"source_labels": ["server"], "modulus": modulus, "target_label": "__tmp_shard", "action": "hashmod"},
+                {"source_labels": ["server"], "target_label": "__tmp_key", "action": "replace"},
+                {"source_labels": ["peer_group"], "regex": "(.+)", "target_label": "__tmp_key", "action": "replace"},
+                {"source_labels": ["__tmp_key"], "modulus": modulus, "target_label": "__tmp_shard", "action": "hashmod"},
                 {"source_labels": ["__tmp_shard"], "target_label": "shard", "action": "replace"},
             ],
         }],
@@ -153,5 +181,5 @@ def test_prometheus_hashmod_relabelling_assigns_the_same_shards(tmp_path: Path) 
         assigned = wait_until("Prometheus to list every relabelled target", targets, timeout=30, processes=[prometheus])
     finally:
         prometheus.stop()
-    assert assigned == {name: hashmod(name, modulus) for name in names}
+    assert assigned == {name: hashmod(shard_key(name, grouped.get(name, {}).get("peer_group")), modulus) for name in names}
 

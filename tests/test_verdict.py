@@ -71,6 +71,11 @@ TABLE = [
     (Evidence(poll_failure=None, speculation_slots=True, endpoints=[ok(), ok("completion")]), Verdict.UNPROVEN, "/slots says"),
     (Evidence(poll_failure=None, speculation_slots=False, speculation_props=True, endpoints=[ok()]), Verdict.UNPROVEN,
      "/props says"),
+    # /slots off and a /props that tells the truth (#28119) says speculation: that witness is named, whatever the canaries.
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=True, endpoints=[ok()]), Verdict.UNPROVEN,
+     "/props says the server speculates, but no canary drafted"),
+    (Evidence(poll_failure=None, speculation_slots=None, speculation_props=True,
+              endpoints=[ok(tally=CHAT_PROOF), ok("completion", LONG)]), Verdict.UNPROVEN, "/props says"),
     # Speculation unseen (/slots off, or a front end that hides it): a short canary that did not draft proves nothing.
     (Evidence(poll_failure=None, speculation_slots=None, speculation_props=None, endpoints=[ok()]), Verdict.UNPROVEN,
      "needs a canary of 8 tokens or more on a raw-prompt endpoint (completion, completion_stream, "
@@ -218,6 +223,40 @@ async def test_a_props_that_tells_the_truth_is_no_contradiction_and_the_canaries
         assert value(samples, "specwatch_speculation_contradiction", server="srv") == 0
         assert value(samples, "specwatch_speculation_enabled", server="srv", source="props") == 1
         assert value(samples, "specwatch_speculation_enabled", server="srv", source="slots") == 1
+
+
+@pytest.mark.parametrize(("types", "names", "speculative"), [
+    (None, (), None),
+    ("none", ("none",), False),
+    ("", (), False),
+    # --spec-type none on a build whose /props tells the truth: "none" twice is no speculation.
+    ("none,none", ("none", "none"), False),
+    ("none,ngram-mod", ("none", "ngram-mod"), True),
+    (" NONE , draft-eagle3 ", ("NONE", "draft-eagle3"), True),
+    # A type this specwatch does not know is kept as reported, and counts as speculation.
+    ("none,draft-tomorrow", ("none", "draft-tomorrow"), True),
+    ("ngram-mod,ngram-map-k", ("ngram-mod", "ngram-map-k"), True),
+])
+def test_props_types_are_a_comma_list_where_any_name_but_none_is_speculation(types, names, speculative) -> None:
+    from specwatch.probe.llama import parse_props
+
+    props = parse_props({"default_generation_settings": {"params": {} if types is None else {"speculative.types": types}}})
+    assert (props.speculation_types, props.speculation_type_names, props.speculative) == (types, names, speculative)
+
+
+async def test_an_unknown_type_in_props_is_shown_and_counted_as_speculation(make_watcher) -> None:
+    from specwatch.daemon.landing import rows
+    from specwatch.report import model_report
+
+    watcher = make_watcher({"srv": FakeLlama.draft(tokens=8, props_types="none,draft-tomorrow")}, canary_tokens=8)
+    await watcher.poll("srv")
+    await watcher.canary("srv")
+    state = watcher.fleet.get("srv")
+    samples = parse(exposition(watcher.fleet))
+    assert value(samples, "specwatch_speculation_enabled", server="srv", source="props") == 1
+    assert value(samples, "specwatch_speculation_contradiction", server="srv") == 0
+    assert model_report("", state.model()).speculation_types == "none,draft-tomorrow"
+    assert rows(state, 0.0)[0].poll == "up; speculation per /slots: on; /props: none,draft-tomorrow"
 
 
 async def test_props_alone_saying_speculation_is_on_makes_a_quiet_server_unproven(make_watcher) -> None:

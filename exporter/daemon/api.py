@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..probe.llama import names_of
-from ..report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report
+from ..report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report, peers_entry
 from ..settings.schema import Settings
 from ..state import ModelState, ServerState
 from ..verdict import Freshness, Verdict
@@ -89,6 +89,8 @@ def _model_entry(key: str, model: ModelState, state: ServerState, settings: Sett
         max_age_seconds=round(bound, 3),
         max_poll_age_seconds=freshness.poll_bound,
         fresh=freshness.fresh,
+        peers=None if model.peers is None else peers_entry(model.peers.group, model.peers.comparison,
+                                                           settings.peer_confirmations),
     )
 
 

@@ -82,11 +82,15 @@ class TargetGroup(BaseModel):
         return self
 
 
+PEER_GROUP_LABEL = "__specwatch_peer_group"
+"""The target label that sets a server's `peer_group`: a meta label, so Prometheus drops it and no series carries it."""
+
+
 def servers_from_groups(data: Any, source: FileSDConfig | HttpSDConfig, where: str) -> list[ServerConfig]:
     """Target groups (`[{"targets": ["host:port"], "labels": {...}}]`) as servers; a ConfigError lists every problem.
 
     A group's `server` label names its one target; otherwise a target is named by its address. Labels that start
-    with `__` are Prometheus' meta labels, meant for relabelling: they are left out.
+    with `__` are Prometheus' meta labels, meant for relabelling: they are left out, but for PEER_GROUP_LABEL.
     """
     if not isinstance(data, list):
         raise ConfigError(["must be a list of target groups: [{targets: [HOST:PORT, ...], labels: {...}}]"], where)
@@ -105,6 +109,7 @@ def servers_from_groups(data: Any, source: FileSDConfig | HttpSDConfig, where: s
             try:
                 server = ServerConfig(
                     name=name or target, url=f"{source.scheme}://{target}", labels={**source.labels, **static},
+                    peer_group=group.labels.get(PEER_GROUP_LABEL) or None,  # empty is unset, as in Prometheus
                     api_key_file=source.api_key_file, api_key_env=source.api_key_env, timeout=source.timeout,
                 )
             except ValidationError as err:

@@ -7,7 +7,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..report import endpoint_state, model_report
+from ..peers import DEFAULT_CONFIRMATIONS
+from ..report import PeersEntry, endpoint_state, model_report, peers_entry
 from ..state import ServerState
 from ..verdict import SEVERITY, Verdict
 from ..version import __version__
@@ -30,9 +31,27 @@ class Row:
     labels: dict[str, str] = field(default_factory=dict)
     endpoints: tuple[tuple[str, str, str], ...] = ()
     """(endpoint, kind, words) of each canaried endpoint (see report.endpoint_state)."""
+    peers: str = ""
+    """Its standing with its peer group, in words; "" outside any group."""
+    disagrees: bool = False
+    """A confirmed disagreement with its peer group."""
 
 
-def rows(state: ServerState, now: float) -> list[Row]:
+def peer_words(entry: PeersEntry | None, group: str | None = None) -> str:
+    """A model's standing with its peers for people: the second judgement, beside the verdict."""
+    if entry is None:
+        return f"group {group}: no peer to compare with" if group else ""
+    if entry.agreement is None:
+        return f"group {entry.group}: nothing to compare yet"
+    if entry.agreement is False:
+        return (f"disagrees with group {entry.group} ({entry.kind}): {entry.detail}; "
+                f"held against {', '.join(entry.held_against)}")
+    difference = f", largest logprob difference {entry.largest_difference:g}" if entry.largest_difference else ""
+    pending = f"; {entry.detail}" if entry.detail else ""
+    return f"agrees with group {entry.group}{difference}{pending}"
+
+
+def rows(state: ServerState, now: float, confirmations: int = DEFAULT_CONFIRMATIONS) -> list[Row]:
     if state.poll_success is None:
         poll = "not polled yet"
     elif not state.poll_success:
@@ -47,15 +66,22 @@ def rows(state: ServerState, now: float) -> list[Row]:
             slots = model.poll.slots
             speculation = "unknown (/slots off)" if slots is None else "on" if slots.speculative else "off"
             detail += f"; speculation per /slots: {speculation}"
+            if model.poll.props.speculative:
+                # Only a /props that names a type says something: build 11434 says "none" whatever the server does.
+                detail += f"; /props: {model.poll.props.speculation_types}"
         elif state.poll_success and state.router:
             detail += f"; model {model.status}"
         last = model.last_canary_at
         entries = model_report(key, model).endpoints
+        standing = model.peers
+        peers = None if standing is None else peers_entry(standing.group, standing.comparison, confirmations)
         found.append(Row(
             server=state.config.name, url=state.config.url, model=key, verdict=model.decision.verdict,
             summary=model.decision.summary, poll=detail, poll_age=poll_age,
             canary_age=now - last if last is not None else None, labels=dict(state.config.labels),
             endpoints=tuple((e.endpoint, *endpoint_state(e)) for e in entries),
+            peers=peer_words(peers, state.peer_group(key) if model.poll is not None else None),
+            disagrees=peers is not None and peers.agreement is False,
         ))
     return found
 
@@ -72,13 +98,15 @@ def _age(seconds: float | None) -> str:
 
 
 def summary_line(found: Iterable[Row]) -> str:
+    found = list(found)
     counts = Counter(r.verdict for r in found)
     total = sum(counts.values())
     words = {Verdict.FILL_INS: "serving fill-ins", Verdict.UNPROVEN: "unproven", Verdict.UNCHECKED: "unchecked",
              Verdict.CLEAN: "clean"}
     first = f"{counts[Verdict.FILL_INS]} of {total} serving fill-ins"
     rest = [f"{counts[v]} {words[v]}" for v in SEVERITY[1:] if counts[v]]
-    return " · ".join([first, *rest])
+    disagree = sum(1 for r in found if r.disagrees)
+    return " · ".join([first, *rest, *([f"{disagree} disagreeing with their peers"] if disagree else [])])
 
 
 def render(found: list[Row]) -> str:
@@ -93,11 +121,12 @@ def render(found: list[Row]) -> str:
         cells.append(
             f'<tr class="{r.verdict.value}"><td>{name}</td><td>{html.escape(r.verdict.value)}</td>'
             f"<td>{html.escape(r.summary)}</td><td><ul class=\"endpoints\">{endpoints}</ul></td>"
+            f'<td class="peers{" disagrees" if r.disagrees else ""}">{html.escape(r.peers)}</td>'
             f"<td>{html.escape(r.poll)}</td><td>{_age(r.poll_age)}</td>"
             f"<td>{_age(r.canary_age)}</td><td>{html.escape(labels)}</td><td><code>{html.escape(r.url)}</code></td></tr>"
         )
     alarm = " alarm" if any(r.verdict is Verdict.FILL_INS for r in found) else ""
-    body = "\n".join(cells) or '<tr><td colspan="9">no servers watched</td></tr>'
+    body = "\n".join(cells) or '<tr><td colspan="10">no servers watched</td></tr>'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specwatch</title>
 <style>
@@ -113,6 +142,8 @@ ul.endpoints {{ list-style: none; margin: 0; padding: 0; font-size: 0.9em; white
 li.fill_ins {{ color: #b00020; font-weight: bold; }}
 li.drafted {{ color: #1b5e20; }}
 li.failed, li.pending {{ color: #8a6d00; }}
+td.peers {{ font-size: 0.9em; }}
+td.disagrees {{ color: #b00020; font-weight: bold; }}
 </style></head>
 <body>
 <h1>specwatch {html.escape(__version__)}</h1>
@@ -120,8 +151,8 @@ li.failed, li.pending {{ color: #8a6d00; }}
 <p>Watches llama-server instances for fill-in logprobs served under speculative decoding. The verdict is the one
 <code>specwatch check</code> gives and the alerts page on. <a href="metrics">Metrics</a> · <a href="-/healthy">Health</a></p>
 <table id="servers">
-<thead><tr><th>server</th><th>verdict</th><th>why</th><th>endpoints</th><th>poll</th><th>last good poll</th><th>last canary</th>
-<th>labels</th><th>url</th></tr></thead>
+<thead><tr><th>server</th><th>verdict</th><th>why</th><th>endpoints</th><th>peers</th><th>poll</th><th>last good poll</th>
+<th>last canary</th><th>labels</th><th>url</th></tr></thead>
 <tbody>
 {body}
 </tbody>

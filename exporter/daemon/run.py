@@ -23,7 +23,7 @@ from .discovery import Discovery, SourceStatus, targets_out
 from .exposition.samples import ExporterStatus
 from .exposition.serve import Exposition
 from .schedule import Schedule
-from .shard import select
+from .shard import select, shard_key
 from .watch import Watcher
 from .web import WebApp
 
@@ -41,7 +41,7 @@ def shard_of(servers: list[ServerConfig], shard: str | None) -> list[ServerConfi
     if shard is None:
         return list(servers)
     index, count = parse_shard(shard)
-    return select(servers, lambda s: s.name, index, count)
+    return select(servers, lambda s: shard_key(s.name, s.peer_group), index, count)
 
 
 async def preview(settings: Settings) -> tuple[list[ServerConfig], tuple[SourceStatus, ...]]:
@@ -77,6 +77,7 @@ class Daemon:
         self.fleet = Fleet(servers, settings.canary_endpoints)
         self.client = new_client()
         self.watcher = Watcher(settings, self.fleet, Fetcher(self.client, settings.max_response_bytes))
+        self.watcher.peers.configured_only = self._sharded()
         self.schedule = Schedule(self.watcher)
         self.status = self._status(reload_successful=True)
         # Discovery sources refresh on their own: each scrape reads their state as it is.
@@ -91,6 +92,10 @@ class Daemon:
     def _watched(self) -> list[ServerConfig]:
         return shard_of(self._configured(), self.shard or self.settings.shard)
 
+    def _sharded(self) -> bool:
+        shard = self.shard or self.settings.shard
+        return shard is not None and parse_shard(shard)[1] > 1
+
     def _status(self, *, reload_successful: bool) -> ExporterStatus:
         return ExporterStatus(
             poll_interval=self.settings.poll_interval,
@@ -104,6 +109,7 @@ class Daemon:
     def _apply(self) -> list[ServerConfig]:
         """Bring watcher, schedule and status in step with the current settings and discovered servers."""
         servers = self._watched()
+        self.watcher.peers.configured_only = self._sharded()
         self.watcher.apply(self.settings, servers)
         self.schedule.sync(servers)
         self.status = replace(self.status, configured_servers=len(self._configured()), discovery=self.discovery.status(),
@@ -126,7 +132,8 @@ class Daemon:
 
     def landing_page(self) -> str:
         now = time.time()
-        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now)])
+        confirmations = self.settings.peer_confirmations
+        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now, confirmations)])
 
     def sd(self, verdict: str | None) -> list[dict[str, Any]]:
         """GET /sd: the watched llama-servers as Prometheus http_sd target groups."""

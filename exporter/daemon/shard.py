@@ -6,6 +6,8 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from ..peers import OPT_OUT
+
 T = TypeVar("T")
 
 
@@ -23,3 +25,9 @@ def phase(value: str, salt: str) -> float:
 
 def select(items: Iterable[T], name_of: Callable[[T], str], index: int, count: int) -> list[T]:
     return [item for item in items if hashmod(name_of(item), count) == index]
+
+
+def shard_key(name: str, peer_group: str | None) -> str:
+    """What places a server in a shard: its configured peer group, so one shard watches and compares the whole group;
+    else its name."""
+    return peer_group if peer_group and peer_group != OPT_OUT else name

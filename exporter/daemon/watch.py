@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from ..endpoints import Endpoint
-from ..probe import fetch
+from ..probe import fetch, probes
 from ..probe.canary import Tally
 from ..probe.fetch import Fetcher
 from ..probe.llama import Props, Slots
@@ -22,6 +22,7 @@ from ..settings.schema import ServerConfig, Settings
 from ..state import Change, Fleet, ModelState
 from ..verdict import Verdict
 from .cadence import Round, due, slots_known
+from .peering import PeerBoard
 
 log = structlog.get_logger("specwatch")
 REMIND_SECONDS = 600.0
@@ -63,6 +64,8 @@ class Watcher(Runner):
         self._polls: set[asyncio.Task[object]] = set()
         """The scheduler's poll jobs in flight, so shutdown can end them."""
         self._streaks: dict[tuple[str, ...], _Streak] = {}
+        self.peers = PeerBoard(fleet, monotonic, tolerance=settings.peer_tolerance,
+                               confirmations=settings.peer_confirmations, max_gap=settings.poll_interval)
 
     @property
     def settings(self) -> Settings:
@@ -86,9 +89,15 @@ class Watcher(Runner):
             self._set_limits(settings.max_concurrency)
         self.fetcher.max_bytes = settings.max_response_bytes
         self.policy = settings
+        before = {s.config.name for s in self.fleet.snapshot()}
         self.fleet.reconcile(servers, settings.canary_endpoints)
         names = {s.name for s in servers}
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
+        self.peers.configure(tolerance=settings.peer_tolerance, confirmations=settings.peer_confirmations,
+                             max_gap=settings.poll_interval)
+        self.peers.forget(before - names)
+        for name in names:
+            self.peers.touch(name)  # a peer_group may have changed
 
     async def close(self) -> None:
         """Cancel the polls and canary rounds in flight, and the exchanges they left running (shutdown)."""
@@ -106,7 +115,29 @@ class Watcher(Runner):
     async def tick(self, name: str) -> None:
         """The scheduled job of one server: poll it, then start the canary rounds that the poll made due."""
         await self.poll(name)
+        await self.ask_meta(name)
         self.start_due_rounds(name)
+        self.peers.settle()
+
+    async def ask_meta(self, name: str) -> None:
+        """/v1/models' meta for each model whose process it was not asked of yet: once per process start or change."""
+        state = self.fleet.get(name)
+        if state is None or state.router:
+            return  # a router does not forward /v1/models to a model: its models' fingerprints come from /props alone
+        timeout = self.settings.timeout_for(state.config, canary=False)
+        for key, model in state.models.items():
+            poll = model.poll
+            if poll is None or not model.loaded or model.meta_for == poll.props.identity:
+                continue
+            props = poll.props
+            measured = await self._measure(lambda props=props: probes.model_meta(
+                self.fetcher, state.config, props, timeout=timeout, api_key=self.keys.key_of(state.config)), timeout)
+            if measured.result is None:
+                log.debug("model_meta_failed", server=name, reason=measured.reason.value if measured.reason else "",
+                          detail=measured.detail)
+            # Not asked again before the next process: the fingerprint then goes without what /v1/models would add.
+            self.fleet.record_meta(name, key, measured.result or {}, props.identity)
+        self.peers.touch(name)
 
     def start_due_rounds(self, name: str) -> None:
         state = self.fleet.get(name)
@@ -154,6 +185,7 @@ class Watcher(Runner):
             self._over(("poll", name), "poll_recovered", server=name)
             log.debug("poll_ok", server=name, duration=duration)
         _log_changes(name, change)
+        self.peers.touch(name)
 
     async def canary(self, name: str, key: str | None = None, rounds: Round | None = None) -> None:
         """One canary round on one model (by default the server's configured or only one), every endpoint unless told."""
@@ -186,6 +218,8 @@ class Watcher(Runner):
             log.debug("canary_ok", tokens=tally.tokens, fill_ins=tally.fill_ins, draft_n=tally.draft_n,
                       duration=round(measured.duration, 4), **where)
         _log_changes(name, change)
+        self.peers.touch(name)
+        self.peers.settle()
 
     def _unloaded(self, server: ServerConfig, key: str, change: Change | None) -> None:
         _log_changes(server.name, change)

@@ -14,8 +14,8 @@ import httpx
 from ..probe.client import new_client
 from ..probe.fetch import Fetcher
 from ..reasons import ProbeFailure
-from ..report import VERDICTS_PATH, EndpointEntry, VerdictsDocument, read_verdicts
-from ..verdict import SEVERITY, Decision, Verdict, held, selection_verdict
+from ..report import VERDICTS_PATH, EndpointEntry, PeersEntry, VerdictsDocument, read_verdicts
+from ..verdict import SEVERITY, Decision, Disagreement, Verdict, beside_peers, held, selection_verdict
 from .options import CHECK, Spelling
 
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
@@ -61,6 +61,15 @@ class ModelVerdict:
     labels: dict[str, str] = field(default_factory=dict)
     exporter: str = ""
     endpoints: list[EndpointEntry] = field(default_factory=list)
+    peers: PeersEntry | None = None
+    """Its standing with its peer group, the second judgement beside the verdict."""
+
+    @property
+    def disagreement(self) -> Disagreement | None:
+        if self.peers is None or self.peers.agreement is not False:
+            return None
+        name = self.server + (f"/{self.model}" if self.model else "")
+        return Disagreement(name, self.peers.kind or "", tuple(self.peers.held_against), self.peers.detail)
 
 
 @dataclass
@@ -73,6 +82,8 @@ class AskReport:
     exporters: list[str] = field(default_factory=list)
     selection: dict[str, Any] = field(default_factory=dict)
     models: list[ModelVerdict] = field(default_factory=list)
+    disagreeing: list[str] = field(default_factory=list)
+    """The selected replicas that disagree with their peer group (the exit code is then 1, whatever the verdict)."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,7 +138,7 @@ def _candidates(document: VerdictsDocument, exporter: str, model: str | None) ->
             found.append(ModelVerdict(
                 server=server.server, model=entry.key, verdict=decision.verdict.value, summary=decision.summary,
                 fresh=entry.fresh, age_seconds=entry.age_seconds, max_age_seconds=entry.max_age_seconds,
-                labels=server.labels, exporter=exporter, endpoints=entry.endpoints,
+                labels=server.labels, exporter=exporter, endpoints=entry.endpoints, peers=entry.peers,
             ))
     return found
 
@@ -144,7 +155,12 @@ def _merged(candidates: list[ModelVerdict]) -> list[ModelVerdict]:
         key = (found.server, found.model)
         held = best.get(key)
         if held is None or _rank(found) > _rank(held):
+            # A disagreement one replica of an HA pair confirmed is kept whichever verdict is kept.
+            if held is not None and held.disagreement is not None and found.disagreement is None:
+                found.peers = held.peers
             best[key] = found
+        elif found.disagreement is not None and held.disagreement is None:
+            held.peers = found.peers
     return list(best.values())
 
 
@@ -172,7 +188,13 @@ async def ask(
         candidates += _candidates(document, exporter.url, model)
     report.models = sorted(_merged(candidates), key=lambda m: (SEVERITY.index(Verdict(m.verdict)), m.server, m.model))
     found = [(m.server + (f"/{m.model}" if m.model else ""), Decision(Verdict(m.verdict), m.summary)) for m in report.models]
-    return _decided(report, selection_verdict(found, any_watched=watched > 0, selection=_describe(report.selection)))
+    decision = selection_verdict(found, any_watched=watched > 0, selection=_describe(report.selection))
+    disagreements = [d for m in report.models if (d := m.disagreement) is not None]
+    report.disagreeing = [d.name for d in disagreements]
+    decision, exit_code = beside_peers(decision, disagreements)
+    _decided(report, decision)
+    report.exit_code = exit_code
+    return report
 
 
 def _describe(selection: dict[str, Any]) -> str:
@@ -193,4 +215,7 @@ def render_text(report: AskReport) -> str:
         name = m.server + (f" model {m.model}" if m.model else "")
         age = "never confirmed" if m.age_seconds is None else f"confirmed {m.age_seconds:.0f}s ago"
         lines.append(f"  {name}: {m.verdict.upper()} ({age}): {m.summary}")
+        if (d := m.disagreement) is not None:
+            lines.append(f"    DISAGREES with its peer group {m.peers.group if m.peers else '?'} ({d.kind}): {d.detail}; "
+                         f"held against {', '.join(d.held_against) or 'the others'}")
     return "\n".join(lines)

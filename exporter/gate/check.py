@@ -9,26 +9,30 @@ from typing import Any
 import httpx
 
 from ..endpoints import Endpoint
+from ..peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE, Comparison, Peer, compare, member_name
 from ..probe import probes
 from ..probe.canary import TABLE
 from ..probe.client import new_client
 from ..probe.fetch import Fetcher
 from ..probe.keyfiles import KeyFiles
 from ..reasons import ProbeFailure, Reason
-from ..report import EndpointReport, ModelReport, model_report
+from ..report import EndpointReport, ModelReport, PeersEntry, model_report, peers_entry
 from ..runner import Runner, measure
 from ..settings.schema import ServerConfig
 from ..state import Fleet, ServerState
 from ..verdict import (
     NO_V1_ENDPOINT_ASKED,
     Decision,
+    Disagreement,
     RouterModel,
     Verdict,
     behind_a_balancer,
+    beside_peers,
     key_hint,
     load_failed,
     router_verdict,
     through_a_front_end,
+    worst,
 )
 from . import oneserver
 from .options import CHECK, Spelling
@@ -64,6 +68,8 @@ class CheckReport:
     summary: str = ""
     speculation_slots: bool | None = None
     speculation_props: bool | None = None
+    speculation_types: str | None = None
+    """`speculative.types` as /props reports it."""
     build: str | None = None
     model: str | None = None
     endpoints: list[EndpointReport] = field(default_factory=list)
@@ -101,6 +107,17 @@ async def run_check(
 
     Nothing is ever loaded unless `load` asks for the configured model: a check must not change what it checks.
     """
+    report, _ = await _run(server, endpoints=endpoints, tokens=tokens, timeout=timeout, max_bytes=max_bytes,
+                           connect=connect, load=load, spelling=spelling)
+    return report
+
+
+async def _run(
+    server: ServerConfig, *, endpoints: list[Endpoint], tokens: int, timeout: float, max_bytes: int,
+    connect: Callable[[], httpx.AsyncClient], load: bool, spelling: Spelling, meta: bool = False,
+) -> tuple[CheckReport, ServerState | None]:
+    """run_check, and the state it ended in (None where it stopped before canarying): what a comparison reads, with
+    each model's /v1/models meta when `meta` asks for it."""
     server = server.model_copy(update={"name": CHECKED})
     policy, keys = CheckPolicy(tokens, timeout), KeyFiles()
     async with connect() as http:
@@ -113,7 +130,7 @@ async def run_check(
             endpoints = [e for e in endpoints if TABLE[e].path.startswith("/v1/")]
             if not endpoints:
                 report = CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES))
-                return _decided(report, NO_V1_ENDPOINT_ASKED)
+                return _decided(report, NO_V1_ENDPOINT_ASKED), None
             runner = Runner(Fleet([server], endpoints), fetcher, policy, keys=keys)
             polled = await runner.poll_once_with(server, probes.gateway_poll)
         elif load and server.model and polled.result is not None and polled.result.router \
@@ -121,13 +138,16 @@ async def run_check(
             try:
                 await probes.load(fetcher, server, server.model, timeout=timeout, api_key=keys.key_of(server))
             except ProbeFailure as failure:
-                return _decided(CheckReport(url=server.url), load_failed(failure))
+                return _decided(CheckReport(url=server.url), load_failed(failure)), None
             polled = await runner.poll_once(server)
         for key, model in _state(runner).models.items():
             if model.poll is not None:
                 await runner.round(server, key, endpoints, full=True)
         one_server = not gateway and polled.result is not None and not polled.result.router
         again = await _polls_anew(server, keys, policy, max_bytes, connect) if one_server else []
+        # Last, so the requests a balancer in front sees up to here are a plain check's.
+        for key in _state(runner).models if meta else ():
+            await _ask_meta(runner, fetcher, server, key, keys, timeout)
     state = _state(runner)
     report, decision = report_of(server, state, key_sent=keys.key_of(server) is not None)
     model = state.model()
@@ -139,7 +159,96 @@ async def run_check(
     if gateway:
         report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
         decision = through_a_front_end(decision)
-    return _decided(report, decision)
+    return _decided(report, decision), _state(runner)
+
+
+async def _ask_meta(runner: Runner, fetcher: Fetcher, server: ServerConfig, key: str, keys: KeyFiles, timeout: float) -> None:
+    """What /v1/models says of the model's file, for its fingerprint; a server that does not say is compared without."""
+    poll = _state(runner).models[key].poll
+    if poll is None:
+        return
+    try:
+        meta = await probes.model_meta(fetcher, server, poll.props, timeout=timeout, api_key=keys.key_of(server))
+    except ProbeFailure:
+        meta = {}
+    runner.fleet.record_meta(CHECKED, key, meta, poll.props.identity)
+
+
+@dataclass
+class ChecksReport:
+    """`specwatch check URL URL ...`: each server's check, and the servers compared with their peers among them."""
+
+    verdict: str = Verdict.UNCHECKED.value
+    exit_code: int = Verdict.UNCHECKED.exit_code
+    summary: str = ""
+    disagreeing: list[str] = field(default_factory=list)
+    """The servers (a router's model after a slash) that disagree with their peer group's majority: exit 1."""
+    peers: dict[str, PeersEntry] = field(default_factory=dict)
+    """Each compared server's standing; a server alone in its group (by model name) is compared with nothing."""
+    servers: list[CheckReport] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Member = tuple[str, ServerState | None]
+
+
+async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
+                     max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], httpx.AsyncClient] = new_client,
+                     load: bool = False, confirmations: int = DEFAULT_CONFIRMATIONS,
+                     spelling: Spelling = CHECK) -> ChecksReport:
+    """Check every server, then compare the models that report the same name as the daemon compares a peer group.
+
+    A disagreement in answers counts once `confirmations` checks in a row confirm it (the servers are checked again
+    while one is unconfirmed); a fingerprint counts at once.
+    """
+    streaks: dict[str, int] = {}
+    for _ in range(confirmations):
+        checked = [await _run(server, endpoints=endpoints, tokens=tokens, timeout=timeout, max_bytes=max_bytes,
+                              connect=connect, load=load, spelling=spelling, meta=True) for server in servers]
+        results = _compared([(report.url, state) for report, state in checked], streaks, confirmations)
+        if all(c.confirmed or c.agreement is not False for _, c in results.values()):
+            break
+        streaks = {name: c.streak for name, (_, c) in results.items()}
+    reports = [report for report, _ in checked]
+    report = ChecksReport(servers=reports, peers={n: peers_entry(g, c, confirmations) for n, (g, c) in results.items()})
+    disagreements = [Disagreement(n, c.kind or "", c.held_against, c.detail) for n, (_, c) in results.items()
+                     if c.counted is False]
+    report.disagreeing = [d.name for d in disagreements]
+    name, decision = worst((r.url, Decision(Verdict(r.verdict), r.summary)) for r in reports)
+    decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {len(reports)} checked)")
+    decision, report.exit_code = beside_peers(decision, disagreements)
+    report.verdict, report.summary = decision.verdict.value, decision.summary
+    return report
+
+
+def _compared(checked: list[Member], streaks: dict[str, int], confirmations: int) -> dict[str, tuple[str, Comparison[str]]]:
+    """Each checked model's comparison with the others of its group, by member name."""
+    groups: dict[str, dict[str, Peer]] = {}
+    for url, state in checked:
+        for key, model in (state.models.items() if state is not None else ()):
+            peer, group = model.peer(), state.peer_group(key)
+            if peer is not None and group is not None:
+                groups.setdefault(group, {})[member_name(url, key)] = peer
+    results: dict[str, tuple[str, Comparison[str]]] = {}
+    for group, peers in groups.items():
+        if len(peers) >= 2:
+            compared = compare(peers, tolerance=DEFAULT_TOLERANCE, confirmations=confirmations, streaks=streaks)
+            results.update({name: (group, comparison) for name, comparison in compared.items()})
+    return results
+
+
+def render_checks(report: ChecksReport) -> str:
+    lines = [f"{report.verdict.upper()}: {report.summary}"]
+    for checked in report.servers:
+        lines += ["", render_text(checked)]
+    if report.peers:
+        lines.append("")
+        for name, entry in report.peers.items():
+            said = {True: "agrees", False: "DISAGREES", None: "nothing to compare"}[entry.agreement]
+            lines.append(f"peers {entry.group}: {name} {said}" + (f" ({entry.kind}): {entry.detail}" if entry.kind else ""))
+    return "\n".join(lines)
 
 
 GATEWAY_HIDES = ("/props", "/slots")
@@ -178,6 +287,7 @@ def report_of(server: ServerConfig, state: ServerState, *, key_sent: bool) -> tu
     if not state.router:
         ((only, decision),) = checked
         report.speculation_slots, report.speculation_props = only.speculation_slots, only.speculation_props
+        report.speculation_types = only.speculation_types
         report.build, report.endpoints = only.build, only.endpoints
         report.model = server.model or only.model or None
         return report, decision
@@ -210,12 +320,17 @@ def _known(flag: bool | None) -> str:
     return "unknown" if flag is None else ("on" if flag else "off")
 
 
+def _speculation(slots: bool | None, props: bool | None, types: str | None) -> str:
+    named = f" ({types})" if props else ""
+    return f"speculation: /slots {_known(slots)}, /props {_known(props)}{named}"
+
+
 def render_text(report: CheckReport) -> str:
     lines = [f"{report.verdict.upper()}: {report.summary}"]
     if not report.router:
         lines += [
             f"server {report.url}  build={report.build or '?'}  model={report.model or '?'}",
-            f"speculation: /slots {_known(report.speculation_slots)}, /props {_known(report.speculation_props)}",
+            _speculation(report.speculation_slots, report.speculation_props, report.speculation_types),
             *_endpoint_lines(report.endpoints, "  "),
         ]
         return "\n".join(lines)
@@ -223,7 +338,7 @@ def render_text(report: CheckReport) -> str:
     for m in report.models:
         lines.append(f"  model {m.model} ({m.status}): {m.verdict.upper()}: {m.summary}")
         if m.status == "loaded" and m.build is not None:
-            lines.append(f"    speculation: /slots {_known(m.speculation_slots)}, /props {_known(m.speculation_props)}")
+            lines.append(f"    {_speculation(m.speculation_slots, m.speculation_props, m.speculation_types)}")
         lines += _endpoint_lines(m.endpoints, "    ")
     return "\n".join(lines)
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from sys import intern
 from typing import Any
 
 from ..reasons import ProbeFailure, Reason
 
 MAX_COUNT = 1 << 40
+
+
+Alternatives = tuple[Any, ...]
+"""A token's alternatives, flat: (text, logprob, text, logprob, ...). Flat, because a fleet keeps every endpoint's last
+answer, and pairs of their own took 40% of that memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +26,14 @@ class Token:
     alternatives: int | None
     marked: bool = False
     """The answer itself says this value is a placeholder (one of PLACEHOLDER_MARKERS is true)."""
+    text: str | None = None
+    """The token as the answer spells it (a stream's content for a token without logprobs); None when not given."""
+    top: Alternatives = ()
+    """The alternatives the answer lists that carry a text and a finite value."""
+
+    def fill_in(self, index: int) -> bool:
+        """A value that is no measurement: after the first token, no value, an empty alternatives list, or a mark."""
+        return index > 0 and (self.logprob is None or not self.alternatives or self.marked)
 
 
 PLACEHOLDER_MARKERS = ("placeholder", "is_placeholder", "logprob_placeholder")
@@ -73,7 +87,29 @@ def _entry_token(entry: Any, *, post_sampling: bool, where: str) -> Token:
         count = len(alternatives)
     else:
         raise _bad(f"{where}.{list_key} is not a list")
-    return Token(logprob=logprob, alternatives=count, marked=_marked(entry))
+    return Token(logprob=logprob, alternatives=count, marked=_marked(entry), text=_text(entry),
+                 top=_top(alternatives, value_key, post_sampling=post_sampling) if isinstance(alternatives, list) else ())
+
+
+def _text(entry: dict[str, Any]) -> str | None:
+    # Interned: a fleet's kept answers hold the same few token texts thousands of times (a third of their memory).
+    text = entry.get("token")
+    return intern(text) if type(text) is str else None
+
+
+def _top(alternatives: list[Any], value_key: str, *, post_sampling: bool) -> Alternatives:
+    """The alternatives with a text and a usable value, as (text, logprob); the rest are left out, not refused."""
+    top: list[Any] = []
+    for entry in alternatives:
+        if type(entry) is dict:
+            text, value = entry.get("token"), entry.get(value_key)
+            if type(text) is str and type(value) is float and math.isfinite(value):
+                if post_sampling:
+                    if 0.0 < value <= 1.0 + 1e-6:
+                        top += (intern(text), math.log(value))
+                elif value <= 1e-6:
+                    top += (intern(text), value)
+    return tuple(top)
 
 
 def _marked(entry: dict[str, Any]) -> bool:
@@ -95,10 +131,12 @@ def _entries(entries: Any, *, post_sampling: bool, where: str) -> list[Token]:
             if type(value) is float and type(alternatives) is list and not _marked(entry):
                 if post_sampling:
                     if 0.0 <= value <= 1.0 + 1e-6:
-                        tokens.append(Token(math.log(value) if value > 0 else -1e9, len(alternatives)))
+                        tokens.append(Token(math.log(value) if value > 0 else -1e9, len(alternatives), False, _text(entry),
+                                            _top(alternatives, value_key, post_sampling=True)))
                         continue
                 elif -math.inf < value <= 1e-6:
-                    tokens.append(Token(value, len(alternatives)))
+                    tokens.append(Token(value, len(alternatives), False, _text(entry),
+                                        _top(alternatives, value_key, post_sampling=False)))
                     continue
         tokens.append(_entry_token(entry, post_sampling=post_sampling, where=f"{where}[{i}]"))
     return tokens
@@ -152,6 +190,9 @@ def _logprobs_tokens(logprobs: Any, where: str) -> list[Token]:
     tops = logprobs.get("top_logprobs")
     if tops is not None and (not isinstance(tops, list) or len(tops) != len(values)):
         raise _bad(f"{where}.top_logprobs is not a list as long as token_logprobs")
+    texts = logprobs.get("tokens")
+    if not isinstance(texts, list) or len(texts) != len(values):
+        texts = [None] * len(values)
     tokens = []
     for i, value in enumerate(values):
         if value is not None and (not finite(value) or value > 1e-6):
@@ -159,7 +200,10 @@ def _logprobs_tokens(logprobs: Any, where: str) -> list[Token]:
         top = None if tops is None else tops[i]
         if top is not None and not isinstance(top, dict):
             raise _bad(f"{where}.top_logprobs[{i}] is not an object")
-        tokens.append(Token(None if value is None else float(value), None if top is None else len(top)))
+        text = texts[i] if isinstance(texts[i], str) else None
+        pairs = () if top is None else tuple(x for k, v in top.items() if isinstance(k, str) and finite(v) and v <= 1e-6
+                                             for x in (intern(k), float(v)))
+        tokens.append(Token(None if value is None else float(value), None if top is None else len(top), text=text, top=pairs))
     return tokens
 
 
@@ -202,7 +246,7 @@ class StreamReading:
         if found:
             self.tokens.extend(found)
         elif isinstance(content, str) and content:
-            self.tokens.append(Token(logprob=None, alternatives=None))
+            self.tokens.append(Token(logprob=None, alternatives=None, text=content))
         reported = _timings(event)
         if reported != (None, None):
             self.timings = reported

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from ..endpoints import Endpoint
+from ..peers import Answer, answer_of
 from ..reasons import ProbeFailure, Reason
 from .answers import (
     Chunk,
@@ -58,6 +60,8 @@ class Tally:
     draft_accepted: int | None
     model: str | None = None
     """The model the answer says produced it, when it says."""
+    answer: Answer | None = None
+    """What this answer brings to a comparison with the model's peers."""
 
     @property
     def judged_tokens(self) -> int:
@@ -87,6 +91,8 @@ class EndpointSpec:
     """Tokens from the answer: the parsed JSON body, or the list of parsed events when streaming."""
     proof: DraftProof
     """How long a canary here must be to prove, by not drafting, the n-gram types that draft here off."""
+    post_sampling: bool = False
+    """The answer's values are post-sampling probabilities (`post_sampling_probs`)."""
 
 
 def _common() -> dict[str, Any]:
@@ -144,7 +150,7 @@ TABLE: Mapping[Endpoint, EndpointSpec] = MappingProxyType({
         EndpointSpec(Endpoint.COMPLETION_STREAM, "/completion", True, _completion_body(stream=True),
                      stream_reader(CHUNKS[Endpoint.COMPLETION_STREAM]), PROMPT_PROOF),
         EndpointSpec(Endpoint.COMPLETION_POST_SAMPLING, "/completion", False, _completion_body(stream=False, post_sampling=True),
-                     completion_reader(post_sampling=True), PROMPT_PROOF),
+                     completion_reader(post_sampling=True), PROMPT_PROOF, post_sampling=True),
         EndpointSpec(Endpoint.V1_COMPLETION, "/v1/completions", False, _v1_completion_body(stream=False), read_choice,
                      PROMPT_PROOF),
         EndpointSpec(Endpoint.V1_COMPLETION_STREAM, "/v1/completions", True, _v1_completion_body(stream=True),
@@ -165,7 +171,7 @@ def classify(reading: Reading) -> Tally:
         raise ProbeFailure(Reason.NO_LOGPROBS, "logprobs were requested but none came back")
     if all(t.alternatives is None for t in tokens):
         raise ProbeFailure(Reason.NO_LOGPROBS, "alternatives were requested but none came back")
-    fill_ins = sum(1 for t in tokens[1:] if t.logprob is None or not t.alternatives or t.marked)
+    fill_ins = sum(1 for i, t in enumerate(tokens) if t.fill_in(i))
     values = [t.logprob for t in tokens if t.logprob is not None]
     return Tally(
         tokens=len(tokens),
@@ -174,4 +180,27 @@ def classify(reading: Reading) -> Tally:
         draft_n=reading.draft_n,
         draft_accepted=reading.draft_accepted,
         model=reading.model,
+        answer=answer_of(tokens),
     )
+
+
+def judge(spec: EndpointSpec, reading: Reading) -> Tally:
+    """A canary's answer classified; on a post-sampling one, values that cannot be post-sampling fail it."""
+    tally = classify(reading)
+    # Fill-ins found on the same answer are proof, and stay the verdict.
+    if not spec.post_sampling or tally.fill_ins:
+        return tally
+    # The canary asks at temperature 0, where sampling keeps one candidate: a real post-sampling token is prob 1.0 with
+    # one entry in top_probs. Several entries, or a lower prob, are pre-sampling numbers under the post-sampling keys
+    # (a revision of upstream #27196 fills drafted tokens so): real-looking, and not what was asked.
+    other = [t for t in reading.tokens[1:] if (t.alternatives or 0) > 1 or (t.logprob is not None and t.logprob < -1e-6)]
+    if other:
+        lowest = math.exp(min(t.logprob for t in other if t.logprob is not None))
+        drafted = f"; the server drafted (timings.draft_n {tally.draft_n})" if tally.draft_n else ""
+        raise ProbeFailure(
+            Reason.NOT_POST_SAMPLING,
+            f"{len(other)} of {tally.judged_tokens} tokens after the first carry pre-sampling numbers under prob/top_probs "
+            f"(up to {max(t.alternatives or 0 for t in other)} alternatives, prob as low as {lowest:.3f}; at temperature 0 "
+            f"a post-sampling token is prob 1.0 with one){drafted}",
+        )
+    return tally

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
+from ..peers import META_FIELDS
 from ..reasons import ProbeFailure, Reason
 
 # Values from a server become label values and samples on every scrape: one hostile server must not
@@ -23,7 +24,8 @@ MAX_MODELS = 4096
 @dataclass(frozen=True)
 class Props:
     speculation_types: str | None
-    """`speculative.types` as /props reports it ("none" on every build seen so far), None if absent."""
+    """`speculative.types` as /props reports it, None if absent: "none" on every server of build 11434; a comma list of
+    the types in use where /props tells the truth (upstream #28119), which can still hold "none" ("none,ngram-mod")."""
     total_slots: int | None
     model: str
     build: str
@@ -34,6 +36,8 @@ class Props:
     """Random per process start (build 11434): a new one means the server restarted, whatever else stayed the same."""
     sleeping: bool = False
     """`is_sleeping`: the server unloaded its model after --sleep-idle-seconds; /slots or a completion would wake it."""
+    file: str = ""
+    """The base name of `model_path`: which file the process runs, whatever its alias."""
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -45,10 +49,18 @@ class Props:
         return self.role == ROUTER_ROLE
 
     @property
+    def speculation_type_names(self) -> tuple[str, ...]:
+        """Each name of the comma list, as reported: a name specwatch does not know is kept, and counts as speculation."""
+        if self.speculation_types is None:
+            return ()
+        return tuple(name for name in (part.strip() for part in self.speculation_types.split(",")) if name)
+
+    @property
     def speculative(self) -> bool | None:
         if self.speculation_types is None:
             return None
-        return self.speculation_types.strip().lower() not in ("", "none")
+        # "none" alongside another type is that type ("none,ngram-mod"); "none" twice is still none.
+        return any(name.lower() != "none" for name in self.speculation_type_names)
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,7 @@ def parse_props(data: Any) -> Props:
     if sleeping is not None and not isinstance(sleeping, bool):
         raise _shape_error("/props is_sleeping is not a boolean")
     return Props(
-        speculation_types=types,
+        speculation_types=label_safe(types) if types is not None else None,
         total_slots=total_slots,
         model=label_safe(alias or (PurePath(path).name if path else "")),
         build=label_safe(_optional_str(data, "build_info")),
@@ -131,6 +143,7 @@ def parse_props(data: Any) -> Props:
         role=label_safe(role) if role is not None else None,
         media_marker=marker[:MAX_LABEL_CHARS] if isinstance(marker, str) and marker else None,
         sleeping=bool(sleeping),
+        file=label_safe(PurePath(path).name) if path and path != "none" else "",
     )
 
 
@@ -176,6 +189,25 @@ def model_ids(data: Any) -> list[str]:
             raise _shape_error(f"/v1/models data[{index}].id is not a usable model name")
         ids.append(model_id)
     return list(dict.fromkeys(ids))
+
+
+def parse_meta(data: Any, names: set[str]) -> dict[str, str]:
+    """What a /v1/models listing says of one model's file (META_FIELDS, as label values): the entry one of `names`
+    names, or the only one; {} when it says nothing."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_MODELS:
+        raise _shape_error("/v1/models has no data list")
+    listed = [e for e in entries if isinstance(e, dict)]
+    chosen = next((e for e in listed if e.get("id") in names), listed[0] if len(listed) == 1 else None)
+    meta = chosen.get("meta") if chosen is not None else None
+    if not isinstance(meta, dict):
+        return {}
+    found = {}
+    for key in META_FIELDS:
+        value = meta.get(key)
+        if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+            found[key] = label_safe(str(value))
+    return found
 
 
 def parse_models(data: Any) -> list[RouterModel]:

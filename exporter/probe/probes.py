@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from ..endpoints import Endpoint
 from ..reasons import ProbeFailure, Reason
-from .canary import TABLE, Tally, classify
+from .canary import TABLE, Tally, judge
 from .fetch import Fetcher
 from .llama import (
     Props,
@@ -24,6 +24,7 @@ from .llama import (
     model_ids,
     model_names,
     names_of,
+    parse_meta,
     parse_models,
     parse_props,
     parse_slots,
@@ -181,6 +182,17 @@ async def gateway_poll(fetcher: Fetcher, target: Target, *, timeout: float, api_
         return ServerPoll(router=False, models=MappingProxyType({chosen: ModelPoll("loaded", PollResult(props, None))}))
 
 
+async def model_meta(
+    fetcher: Fetcher, target: Target, props: Props, *, timeout: float, api_key: SecretStr | None = None
+) -> dict[str, str]:
+    """What /v1/models says of the file of the model `props` names (its fingerprint without a token); asked once per
+    process, since a running process cannot change its file."""
+    with _secret_free(api_key):
+        listing = await fetcher.get_json(f"{target.url}/v1/models", headers=auth_headers(api_key), timeout=timeout)
+        key = _key(api_key)
+        return {k: redact(v, key) for k, v in parse_meta(listing, names_of(props.model, props.file)).items()}
+
+
 async def load(fetcher: Fetcher, target: Target, model: str, *, timeout: float, api_key: SecretStr | None = None) -> None:
     """Ask a router to load `model` and wait until it lists it loaded: only an explicit `specwatch check --load` does."""
     with _secret_free(api_key):
@@ -199,7 +211,8 @@ async def load(fetcher: Fetcher, target: Target, model: str, *, timeout: float, 
 
 def _labels_redacted(props: Props, key: str | None) -> Props:
     # model and build become labels; a server that echoes the key there must not put it on /metrics.
-    return replace(props, model=redact(props.model, key), build=redact(props.build, key)) if key else props
+    return replace(props, model=redact(props.model, key), build=redact(props.build, key), file=redact(props.file, key)) \
+        if key else props
 
 
 async def _slots(fetcher: Fetcher, url: str, headers: dict[str, str], timeout: float) -> Slots | None:
@@ -278,4 +291,4 @@ async def _canary(
     reading = spec.read(answer)
     if model and reading.model and model not in names_of(reading.model):
         raise ProbeFailure(Reason.MODEL_MISMATCH, f"asked model {model!r}, answered by {reading.model[:100]!r}")
-    return classify(reading)
+    return judge(spec, reading)

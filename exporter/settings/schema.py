@@ -24,6 +24,7 @@ from pydantic import (
 from ..apikey import checked_key, read_key_file
 from ..durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
 from ..endpoints import Endpoint
+from ..peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
 from ..problems import Loc, NamesItsKey, refusing_also
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
@@ -32,7 +33,8 @@ DEFAULT_POLL_INTERVAL, DEFAULT_CANARY_INTERVAL = 15.0, 60.0
 DEFAULT_POLL_TIMEOUT, DEFAULT_CANARY_TIMEOUT = 5.0, 30.0
 # Labels specwatch's own series carry, and the target labels the alert rules aggregate away (instance, pod).
 RESERVED_LABELS = frozenset({"server", "model", "endpoint", "source", "reason", "outcome", "verdict", "build", "version",
-                             "job", "instance", "pod"})
+                             "job", "instance", "pod", "peer_group", "file", "ftype", "size", "n_params", "n_vocab",
+                             "n_ctx_train", "n_embd"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _HOST = re.compile(r"[A-Za-z0-9_.-]+|[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?")
 """A host name, an IPv4 address, or an IPv6 one (urlsplit has taken its brackets off), with its zone."""
@@ -163,6 +165,9 @@ class ServerConfig(_KeyedTargets):
     name: str = Field(min_length=1, max_length=200)
     url: str
     model: str | None = None
+    peer_group: str | None = Field(default=None, min_length=1, max_length=200)
+    """The replicas this server's model is compared with; by default those reporting the same model name. "none" opts
+    out (specwatch.peers.OPT_OUT)."""
 
     _env_key: SecretStr | None = PrivateAttr(default=None)
 
@@ -353,6 +358,10 @@ class Settings(BaseModel):
     canary_endpoints: list[Endpoint] = Field(default_factory=lambda: list(Endpoint))
     max_concurrency: int = Field(default=64, ge=1, le=10_000)
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    peer_tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0, le=100)
+    """How far a real token's logprob, or an alternative's, may move between peers with the same tokens."""
+    peer_confirmations: int = Field(default=DEFAULT_CONFIRMATIONS, ge=1, le=100)
+    """Fresh canary answers in a row that must disagree with the peers' before it counts (a fingerprint counts at once)."""
     shard: str | None = None
     file_sd_configs: list[FileSDConfig] = Field(default_factory=list)
     http_sd_configs: list[HttpSDConfig] = Field(default_factory=list)

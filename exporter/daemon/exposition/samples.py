@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ...peers import FINGERPRINT_FIELDS
 from ...state import CanaryState, ModelState, ServerState
 from ...verdict import Verdict
 from ...version import __version__
@@ -133,6 +134,25 @@ def _endpoint(out: Sink, where: Extra, canary: CanaryState) -> None:
         out.add("specwatch_canary_draft_tokens", where, tally.draft_n)
 
 
+def peer_samples(out: Sink, server: ServerState) -> None:
+    """Each model's fingerprint, and its standing in its peer group."""
+    for key, model in server.models.items():
+        extra = _model(key)
+        fingerprint = model.fingerprint()
+        if fingerprint is not None:
+            labels = tuple((name, getattr(fingerprint, name)) for name in FINGERPRINT_FIELDS)
+            out.add("specwatch_model_fingerprint_info", (*extra, ("peer_group", server.peer_group(key) or ""), *labels), 1)
+        standing = model.peers
+        if standing is None:
+            continue
+        where = (*extra, ("peer_group", standing.group))
+        counted = standing.comparison.counted
+        if counted is not None:
+            out.add("specwatch_peer_agreement", where, int(counted))
+        if standing.comparison.largest_difference is not None:
+            out.add("specwatch_peer_largest_difference", where, round(standing.comparison.largest_difference, 4))
+
+
 def verdict_samples(out: Sink, server: ServerState) -> None:
     """The verdict of each model as a state set: exactly one of the four is 1."""
     for key, model in server.models.items():
@@ -179,7 +199,7 @@ def _poll_key(server: ServerState) -> tuple[object, ...]:
 
 
 def _answers_key(server: ServerState) -> tuple[object, ...]:
-    # A model's fingerprint holds every value its answer lines show.
+    # A model's setup holds every value its answer lines show.
     return (server.router, tuple((key, m.status, None if m.poll is None else m.seen) for key, m in server.models.items()))
 
 
@@ -187,6 +207,12 @@ def _canaries_key(server: ServerState) -> tuple[object, ...]:
     # Kept by identity through polls, replaced by each canary.
     return tuple((key, m.endpoints, m.canaries, m.canary_failures, m.canary_outcomes, m.canary_tokens)
                  for key, m in server.models.items())
+
+
+def _peers_key(server: ServerState) -> tuple[object, ...]:
+    return (server.router, server.config.peer_group,
+            tuple((key, m.peers, m.meta, m.meta_for, m.loaded, None if m.poll is None else m.poll.props)
+                  for key, m in server.models.items()))
 
 
 def _verdict_key(server: ServerState) -> tuple[object, ...]:
@@ -218,4 +244,6 @@ GROUPS: tuple[Group, ...] = (
            "specwatch_canary_failures", "specwatch_canary_requested_tokens", "specwatch_canary_generated_tokens",
            "specwatch_serving_placeholders")),
     Group(verdict_samples, _verdict_key, ("specwatch_verdict",)),
+    Group(peer_samples, _peers_key,
+          ("specwatch_model_fingerprint_info", "specwatch_peer_agreement", "specwatch_peer_largest_difference")),
 )

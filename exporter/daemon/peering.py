@@ -1,0 +1,173 @@
+"""Peer groups compared as their answers come in: per group, only the groups that changed, each at most so often."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from ..peers import Answer, Comparison, Peer, Standing, compare, fresh, member_name
+from ..state import Fleet, ModelState
+
+log = structlog.get_logger("specwatch")
+SECONDS_PER_MEMBER = 0.01
+"""A group is compared at most once per this many seconds per member (a group of 1,000 every 10 s): the CPU of
+comparing stays bounded however often its members' canaries come in, and no answer is left out, only batched."""
+
+Member = tuple[str, str]
+"""(server name, model key)."""
+
+
+class PeerBoard:
+    """Which group each watched model is in, which groups changed since compared, and the comparing itself."""
+
+    def __init__(self, fleet: Fleet, monotonic: Callable[[], float], *, tolerance: float, confirmations: int,
+                 max_gap: float) -> None:
+        self._fleet = fleet
+        self._monotonic = monotonic
+        self.tolerance, self.confirmations, self.max_gap = tolerance, confirmations, max_gap
+        self._groups: dict[str, set[Member]] = {}
+        self._by_server: dict[str, dict[str, str]] = {}
+        """Each server's models by key, with their group."""
+        self._dirty: set[str] = set()
+        self._compared_at: dict[str, float] = {}
+        self._seen: dict[Member, Mapping[str, Answer]] = {}
+        """The answers each member's last comparison saw: any other is fresh for the next one."""
+        self._inputs: dict[Member, tuple[object, ...]] = {}
+        """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
+        self.configured_only = False
+        """Sharded: only groups set in the config, which a shard watches whole (shard.shard_key); a group by model
+        name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
+        those by fingerprint across shards (alerts/specwatch.rules.yml)."""
+
+    def configure(self, *, tolerance: float, confirmations: int, max_gap: float) -> None:
+        """Reloaded settings: every group is compared again under them."""
+        self.tolerance, self.confirmations, self.max_gap = tolerance, confirmations, max_gap
+        self._dirty.update(self._groups)
+        self._compared_at.clear()
+        self._inputs.clear()
+
+    def touch(self, name: str) -> None:
+        """The server changed (a poll, a canary, a reload): place its models in their groups, mark those for comparing."""
+        state = self._fleet.get(name)
+        before = self._by_server.get(name, {})
+        now: dict[str, str] = {}
+        if state is not None:
+            for key, model in state.models.items():
+                # A plain server's group comes from what it reports: while it does not answer it stays where it was.
+                group = state.peer_group(key) if model.poll is not None or state.router else before.get(key)
+                if self.configured_only and not state.config.peer_group:
+                    group = None
+                if group is not None:
+                    now[key] = group
+        gone: dict[Member, Standing | None] = {}
+        for key, group in before.items():
+            if now.get(key) != group:
+                self._leave(group, (name, key))
+                self._inputs.pop((name, key), None)
+                self._seen.pop((name, key), None)
+                gone[(name, key)] = None
+        for key, group in now.items():
+            member = (name, key)
+            self._groups.setdefault(group, set()).add(member)
+            model = state.models.get(key) if state is not None else None
+            inputs = _inputs(group, model)
+            last = self._inputs.get(member)
+            # The canaries by identity: a poll keeps the very mapping, each canary makes a new one.
+            if last is None or last[:-1] != inputs[:-1] or last[-1] is not inputs[-1]:
+                self._inputs[member] = inputs
+                self._dirty.add(group)
+        if now:
+            self._by_server[name] = now
+        else:
+            self._by_server.pop(name, None)
+        if gone:
+            self._fleet.record_peers(gone)
+
+    def forget(self, names: set[str]) -> None:
+        """Servers a reload removed: they leave their groups."""
+        for name in names:
+            for key, group in self._by_server.pop(name, {}).items():
+                self._leave(group, (name, key))
+                self._inputs.pop((name, key), None)
+                self._seen.pop((name, key), None)
+
+    def _leave(self, group: str, member: Member) -> None:
+        members = self._groups.get(group)
+        if members is None:
+            return
+        members.discard(member)
+        self._dirty.add(group)
+        if not members:
+            del self._groups[group]
+            self._compared_at.pop(group, None)
+            self._dirty.discard(group)
+
+    def settle(self) -> None:
+        """Compare every group that changed and was not compared too recently."""
+        if not self._dirty:
+            return
+        now = self._monotonic()
+        for group in list(self._dirty):
+            members = self._groups.get(group, set())
+            gap = min(self.max_gap, SECONDS_PER_MEMBER * len(members))
+            if now - self._compared_at.get(group, float("-inf")) >= gap:
+                self._dirty.discard(group)
+                self._compared_at[group] = now
+                self._compare(group, members)
+
+    def _compare(self, group: str, members: set[Member]) -> None:
+        peers: dict[str, Peer] = {}
+        names: dict[str, Member] = {}
+        streaks: dict[str, int] = {}
+        new: dict[str, set[str]] = {}
+        before: dict[Member, Standing | None] = {}
+        for member in members:
+            server = self._fleet.get(member[0])
+            model = server.models.get(member[1]) if server is not None else None
+            peer = model.peer() if model is not None else None
+            if model is None or peer is None:
+                before[member] = model.peers if model is not None else None
+                continue
+            name = member_name(*member)
+            peers[name], names[name], before[member] = peer, member, model.peers
+            last = model.peers if model.peers is not None and model.peers.group == group else None
+            streaks[name] = last.comparison.streak if last is not None else 0
+            new[name] = fresh(peer, self._seen.get(member, {}) if last is not None else {})
+        results = compare(peers, tolerance=self.tolerance, confirmations=self.confirmations, streaks=streaks, fresh=new)
+        for name, peer in peers.items():
+            self._seen[names[name]] = peer.answers
+        # A group of one compares nothing: it has no standing, as an opted-out server has none.
+        standings: dict[Member, Standing | None] = {m: None for m in members}
+        if len(peers) >= 2:
+            standings.update({names[n]: Standing(group, c) for n, c in results.items()})
+        for member, standing in standings.items():
+            _log_change(member, before.get(member), standing)
+        self._fleet.record_peers(standings)
+
+
+def _inputs(group: str, model: ModelState | None) -> tuple[object, ...]:
+    """What a member brings to its group's comparison, the canaries last."""
+    if model is None:
+        return (group, None, None, None, None)
+    return (group, model.loaded, model.poll.props if model.poll is not None else None, model.meta_for, model.canaries)
+
+
+def _shown(standing: Standing | None) -> tuple[bool | None, str | None]:
+    comparison = standing.comparison if standing is not None else Comparison[str](None)
+    return comparison.counted, comparison.kind if comparison.counted is False else None
+
+
+def _log_change(member: Member, old: Standing | None, new: Standing | None) -> None:
+    """One line when a model's counted agreement (or the kind of its disagreement) changes, not one per comparison."""
+    if _shown(old) == _shown(new) or new is None or new.comparison.counted is None:
+        return
+    if new.comparison.counted and _shown(old)[0] is not False:
+        return  # a first comparison that agrees is no news
+    where = {"server": member[0], **({"model": member[1]} if member[1] else {}), "peer_group": new.group}
+    comparison = new.comparison
+    if comparison.counted is False:
+        log.warning("peers_disagree", kind=comparison.kind, held_against=list(comparison.held_against),
+                    largest_difference=comparison.largest_difference, detail=comparison.detail, **where)
+    else:
+        log.info("peers_agree", previous=_shown(old)[1], **where)

@@ -1,0 +1,166 @@
+"""Replicas compared on real llama-servers: which agree, which disagree and how, as the daemon, the gate and check see it.
+
+One pool of real servers under one alias, started once for the module (they are only read): two replicas of one file
+with other -np/-c/-b, one of them kept busy by other requests while the daemon watches; a draft and an n-gram replica; that file
+requantized to Q4_0; another file of the same shape; a file of the same name, shape and words whose cycle runs the
+other way; and a router serving the pool's file as a model of the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, router_preset
+from specwatch.demo.tinymodel import write_cycle_model
+from tests.support.metrics import find, scrape
+from tests.support.process import ExporterProcess
+from tests.support.replicas import ALIAS, replica_models
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+AGREEING = ("plain", "wide", "draft", "ngram", "router")
+DISAGREEING = {"requantized": "fingerprint", "other-file": "fingerprint", "same-name": "tokens"}
+
+
+@dataclass
+class Pool:
+    servers: dict[str, LlamaServer]
+
+    def url(self, name: str) -> str:
+        return self.servers[name].url
+
+
+def _keep_busy(url: str, stop: threading.Event, answered: list[int]) -> None:
+    """Other requests decoding beside the canaries, all the time, as an eval's traffic would."""
+    with httpx.Client(timeout=60) as client:
+        while not stop.is_set():
+            try:
+                client.post(f"{url}/completion", json={"prompt": "hello world " * 20, "n_predict": 48, "temperature": 0.8,
+                                                       "cache_prompt": False})
+                answered[0] += 1
+            except httpx.HTTPError:
+                continue
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    work = tmp_path_factory.mktemp("replicas")
+    models = replica_models(work)
+    (work / "elsewhere").mkdir()
+    same_name = write_cycle_model(work / "elsewhere" / models.plain.name, tensor_type="Q8_0",
+                                  cycle_words=("the", "mat", "a", "on", "sat", "cat"))
+    alias = ["-a", ALIAS]
+    specs = {
+        "plain": (models.plain, alias, 1, 2048),
+        "wide": (models.plain, [*alias, "-b", "256", "-ub", "128"], 4, 8192),
+        "draft": (models.plain, [*alias, "-md", str(models.plain), "--spec-type", "draft-simple"], 1, 2048),
+        "ngram": (models.plain, [*alias, "--spec-type", "ngram-mod"], 1, 2048),
+        "requantized": (models.requantized, alias, 1, 2048),
+        "other-file": (models.other_file, alias, 1, 2048),
+        "same-name": (same_name, alias, 1, 2048),
+    }
+    servers: dict[str, LlamaServer] = {}
+    try:
+        for name, (model, extra, parallel, ctx) in specs.items():
+            servers[name] = LlamaServer(model, extra, parallel=parallel, ctx_size=ctx, log_dir=work).start()
+        router = LlamaRouter(router_preset(work / "preset.ini", {ALIAS: ["--model", str(models.plain)]}), models_max=1,
+                             log_dir=work).start()
+        servers["router"] = router
+        router.load(ALIAS)
+        yield Pool(servers)
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+@contextlib.contextmanager
+def busy(url: str, requests: int = 3) -> Iterator[list[int]]:
+    """`requests` other requests decoding on the server all the time (it runs one thread: about one core)."""
+    stop, answered = threading.Event(), [0]
+    threads = [threading.Thread(target=_keep_busy, args=(url, stop, answered), daemon=True) for _ in range(requests)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=70)
+
+
+def _check(*args: str) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_daemon_finds_the_replicas_that_serve_another_model_and_the_gate_refuses_the_pool(pool: Pool,
+                                                                                          tmp_path: Path) -> None:
+    config = tmp_path / "specwatch.yml"
+    lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.servers.items()]
+    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 1s\ncanary_interval: 1s\n", encoding="utf-8")
+    with busy(pool.url("wide")) as answered, ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        metrics = f"{exporter.url()}/metrics"
+        seen_wide: list[float | None] = []
+
+        def settled() -> dict | None:
+            samples = scrape(metrics)
+            agreement = {name: find(samples, "specwatch_peer_agreement", server=name, peer_group=ALIAS)
+                         for name in pool.servers}
+            seen_wide.append(agreement["wide"])
+            expected = {**dict.fromkeys(AGREEING, 1.0), **dict.fromkeys(DISAGREEING, 0.0)}
+            return agreement if agreement == expected else None
+
+        wait_until("every replica's agreement", settled, timeout=120, interval=0.5, alive=exporter.process)
+        # The busy replica never disagreed, not even for a scrape, while other requests decoded beside its canaries.
+        assert 0.0 not in seen_wide and answered[0] > 0
+        samples = scrape(metrics)
+        for name in ("requantized", "other-file"):
+            assert find(samples, "specwatch_peer_largest_difference", server=name, peer_group=ALIAS) > 0.1
+        assert find(samples, "specwatch_model_fingerprint_info", server="requantized", ftype="Q4_0") == 1
+
+        document = httpx.get(f"{exporter.url()}/api/v1/verdicts").json()
+        peers = {s["server"]: s["models"][0]["peers"] for s in document["servers"]}
+        for name, kind in DISAGREEING.items():
+            assert (peers[name]["agreement"], peers[name]["kind"]) == (False, kind), peers[name]
+            assert set(peers[name]["held_against"]) >= {"plain", "wide"}
+        assert all(peers[name]["agreement"] is True for name in AGREEING), peers
+        # The fill-in judgement is a judgement of its own: the speculating replicas still serve fill-ins.
+        verdicts = {s["server"]: s["models"][0]["verdict"] for s in document["servers"]}
+        assert verdicts["draft"] == "fill_ins" and verdicts["requantized"] == "clean"
+
+        code, report = _check("--exporter", exporter.url(), "--label", "pool=eval")
+        assert code == 1 and sorted(report["disagreeing"]) == sorted(DISAGREEING)
+        code, report = _check("--exporter", exporter.url(), "--server", "plain", "--server", "wide")
+        assert (code, report["verdict"], report["disagreeing"]) == (0, "clean", [])
+
+
+def test_check_compares_the_servers_it_is_given(pool: Pool) -> None:
+    code, report = _check(pool.url("plain"), pool.url("wide"), pool.url("requantized"), "--tokens", "16")
+    assert code == 1 and report["disagreeing"] == [pool.url("requantized")], report["summary"]
+    assert "fingerprint" in report["summary"]
+    code, report = _check(pool.url("plain"), pool.url("wide"), pool.url("same-name"), "--tokens", "16")
+    assert code == 1 and report["disagreeing"] == [pool.url("same-name")], report["summary"]
+    # The n-gram replica serves fill-ins (exit 1 for that) and still emits its plain peers' tokens.
+    code, report = _check(pool.url("plain"), pool.url("wide"), pool.url("ngram"), "--tokens", "16",
+                          "--endpoint", "completion")
+    assert (code, report["verdict"], report["disagreeing"]) == (1, "fill_ins", []), report["summary"]
+    assert {entry["agreement"] for entry in report["peers"].values()} == {True}
+    code, report = _check(pool.url("plain"), f"{pool.url('router')}", "--model", ALIAS, "--tokens", "16",
+                          "--endpoint", "completion")
+    assert (code, report["disagreeing"]) == (0, []), report["summary"]
+    assert set(report["peers"]) == {f"{pool.url('plain')}/{ALIAS}", f"{pool.url('router')}/{ALIAS}"}
+    assert {entry["agreement"] for entry in report["peers"].values()} == {True}
