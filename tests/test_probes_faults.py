@@ -27,7 +27,8 @@ from tests.support.metrics import exposition, parse, value
 from tests.support.net import UNREACHABLE_URL, UNRESOLVABLE_URL, stranded_sockets
 from tests.support.wire import FakeLlama
 
-TIMEOUT = 1.0
+TIMEOUT = 2.5
+"""Long beside a loopback answer (milliseconds), so a healthy poll on a starved machine still ends within it."""
 MAX_BYTES = 256 * 1024
 FAULTY, NEIGHBOUR = "faulty", "neighbour"
 
@@ -70,7 +71,7 @@ def watcher_for(clients, faulty: dict[str, Any], neighbour: FaultServer, **setti
 
 
 async def poll_both(watcher: Watcher) -> dict[str, float]:
-    """Poll both servers at once; returns how long each took to finish."""
+    """Poll both servers at once; returns when each finished, in seconds from the start."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     finished: dict[str, float] = {}
@@ -87,9 +88,10 @@ def assert_neighbour_healthy(samples: dict, took: dict[str, float]) -> None:
     assert value(samples, "specwatch_up", server=NEIGHBOUR) == 1
     assert value(samples, "specwatch_speculation_enabled", server=NEIGHBOUR, source="slots") == 1
     assert server_series(samples, NEIGHBOUR, "specwatch_poll_failures_total") == []
-    # A slow or broken server never delays its neighbour: the healthy poll is done before the timeout a hung neighbour
-    # would have made it wait (a bound that leaves room for a busy machine, not for a poll held up by another).
-    assert took[NEIGHBOUR] < TIMEOUT
+    # A slow or broken server never delays its neighbour: where the faulty poll was held until its timeout, the healthy
+    # one had ended while it was still pending. An order, not a bound, so a busy machine cannot make it fail.
+    if value(samples, "specwatch_poll_failures_total", server=FAULTY, reason="timeout"):
+        assert took[NEIGHBOUR] < took[FAULTY], took
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from tests.support.chain import (
     rule_groups,
     runbook_anchors,
 )
+from tests.support.process import HANG
 from tests.support.wire import FakeLlama, FakeRouter
 
 # Series Prometheus makes itself, not the exporter: the scrape health and the alert state.
@@ -52,11 +53,11 @@ WITHOUT = re.compile(r"without \(([^)]*)\)")
 
 
 def promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=HANG, cwd=cwd)
 
 
 def generate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ALERTS / "generate.py"), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, str(ALERTS / "generate.py"), *args], capture_output=True, text=True, timeout=HANG)
 
 
 # --- the generator ---------------------------------------------------------------------------------------------------
@@ -223,7 +224,7 @@ def test_promtool_unit_tests_can_fail(tmp_path) -> None:
     rules = tmp_path / "specwatch.rules.yml"
     rules.write_text(rules.read_text().replace("serves fill-in logprobs", "serves fill-in logprob", 1))
     result = subprocess.run(["promtool", "test", "rules", "specwatch.rules.test.yml"], capture_output=True, text=True,
-                            timeout=60, cwd=tmp_path)
+                            timeout=HANG, cwd=tmp_path)
     assert result.returncode != 0
     assert "SpecwatchServingFillInLogprobs" in result.stdout + result.stderr
 
@@ -370,7 +371,7 @@ def test_metric_names_are_read_from_promql(expr: str, names: set[str]) -> None:
 @pytest.mark.real
 def test_example_prometheus_config_is_valid_and_loads_the_rules() -> None:
     result = subprocess.run(["promtool", "check", "config", str(EXAMPLES / "prometheus.yml")], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=HANG)
     assert result.returncode == 0, result.stdout + result.stderr
     rules = len(alert_rules()) + len(recording_rules())
     assert "specwatch.rules.yml" in result.stdout and f"SUCCESS: {rules} rules found" in result.stdout
@@ -379,7 +380,7 @@ def test_example_prometheus_config_is_valid_and_loads_the_rules() -> None:
 @pytest.mark.real
 def test_example_alertmanager_config_is_valid() -> None:
     result = subprocess.run(["amtool", "check-config", str(EXAMPLES / "alertmanager.yml")], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=HANG)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -391,7 +392,7 @@ def test_example_alertmanager_routes_critical_to_the_pager_and_warnings_to_ticke
     result = subprocess.run(
         ["amtool", "config", "routes", "test", "--config.file", str(EXAMPLES / "alertmanager.yml"),
          f"--verify.receivers={expected}", f"alertname={alert['alert']}", f"severity={severity}", "server=eval-a"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=HANG,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == expected
@@ -401,7 +402,7 @@ def test_example_alertmanager_routes_critical_to_the_pager_and_warnings_to_ticke
 def test_example_alertmanager_leaves_other_alerts_alone() -> None:
     result = subprocess.run(
         ["amtool", "config", "routes", "test", "--config.file", str(EXAMPLES / "alertmanager.yml"),
-         "alertname=NodeDown", "severity=critical"], capture_output=True, text=True, timeout=60)
+         "alertname=NodeDown", "severity=critical"], capture_output=True, text=True, timeout=HANG)
     assert result.stdout.strip() == "default"
 
 
@@ -409,6 +410,6 @@ def test_example_alertmanager_leaves_other_alerts_alone() -> None:
 def test_example_specwatch_config_passes_check_config(monkeypatch) -> None:
     monkeypatch.setenv("LLAMA_API_KEY", "example-key")
     result = subprocess.run([sys.executable, "-m", "specwatch", "run", "--check-config", "--config",
-                             str(EXAMPLES / "specwatch.yml")], capture_output=True, text=True, timeout=60)
+                             str(EXAMPLES / "specwatch.yml")], capture_output=True, text=True, timeout=HANG)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "config OK: 2 server(s)" in result.stdout

@@ -64,6 +64,26 @@ def _held(daemon: Daemon) -> dict[str, int]:
     }
 
 
+async def _between_probes(daemon: Daemon) -> dict[str, Any]:
+    """What is held once every probe has ended, the schedule paused meanwhile so that no new one starts.
+
+    A probe in flight holds its own objects (a busy machine has more of them in flight at any moment), which say
+    nothing of what outlives a server; waiting for them to end, rather than for a while, holds on any machine.
+    """
+    watcher = daemon.watcher
+    daemon.schedule.scheduler.pause()
+    try:
+        # Every probe ends within its timeout (fetch._detach: twice it at worst); a wait far beyond is a leak.
+        deadline = asyncio.get_running_loop().time() + 60
+        while watcher._in_flight or watcher._rounds:
+            assert asyncio.get_running_loop().time() < deadline, f"probes never ended: {sorted(watcher._in_flight)}"
+            await asyncio.sleep(0.01)
+        gc.collect()
+        return {"objects": len(gc.get_objects()), "rss_kb": _rss_kb(), **_held(daemon)}
+    finally:
+        daemon.schedule.scheduler.resume()
+
+
 @pytest.mark.usefixtures("restored_logging")
 async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An hour of reloads and discovery changes, compressed: pools idle for a second are closed, as after a minute.
@@ -88,14 +108,7 @@ async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch:
                 if cycle in (WARM, CYCLES):
                     await asyncio.sleep(1.5)  # pools of the previous cycles idle past IDLE_POOL_SECONDS
                     await asyncio.to_thread(_scrape, port)
-                    # Both samples between probes: a probe in flight holds its own objects (a busy machine has more of
-                    # them in flight at any moment), which say nothing of what outlives a server.
-                    for _ in range(300):
-                        if not daemon.watcher._in_flight:
-                            break
-                        await asyncio.sleep(0.01)
-                    gc.collect()
-                    seen.append({"cycle": cycle, "objects": len(gc.get_objects()), "rss_kb": _rss_kb(), **_held(daemon)})
+                    seen.append({"cycle": cycle, **await _between_probes(daemon)})
         finally:
             daemon.stop()
             await asyncio.wait_for(running, 30)
@@ -103,7 +116,7 @@ async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch:
     warm, last = seen
     for what in ("fleet", "jobs", "streaks", "labels", "entries"):
         assert last[what] <= PER_CYCLE, (what, seen)
-    assert last["in_flight"] <= 2 * PER_CYCLE and last["blocks"] <= warm["blocks"], seen
+    assert last["blocks"] <= warm["blocks"], seen
     # A pool per origin used in the last IDLE_POOL_SECONDS (two or three cycles), not per origin ever watched.
     assert last["pools"] <= 3 * PER_CYCLE and last["fds"] <= warm["fds"] + 2 * PER_CYCLE, seen
     churned = (CYCLES - WARM) * PER_CYCLE

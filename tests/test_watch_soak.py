@@ -26,7 +26,8 @@ from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
-from tests.support.net import stranded_sockets
+from tests.support.net import stranded_socket_inodes
+from tests.support.process import favoured
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +92,15 @@ def production_logging():
     structlog.configure(**saved)
 
 
+@pytest.fixture
+def first_for_a_cpu():
+    """The watcher (on this thread's loop) and the chaos fleet go first: the soak holds them to a cadence."""
+    with favoured():
+        yield
+
+
 @pytest.mark.real
+@pytest.mark.usefixtures("first_for_a_cpu")
 async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> None:
     fleet_process, ports = start_chaos_fleet()
     client = new_client()
@@ -134,11 +143,15 @@ async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> Non
         await run_for(WARM_UP)
         start, window_start = snapshot(), time.monotonic()
         peak_tasks = start["tasks"]
-        for _ in range(int(MEASURED // 5)):
+        for block in range(int(MEASURED // 5)):
+            if block == int(MEASURED // 5) - 1:
+                was_stranded = stranded_socket_inodes(set(ports))
             await run_for(5)
             peak_tasks = max(peak_tasks, len(asyncio.all_tasks()))
         end, window_end = snapshot(), time.monotonic()
-        stranded = stranded_sockets(set(ports))
+        # Stranded: in CLOSE_WAIT now and five seconds ago, while the loop ran. A busy machine delays the loop (and
+        # with it the closing of what a server hung up on) by a second or two, not for good.
+        stranded = len(was_stranded & stranded_socket_inodes(set(ports)))
         exposition = generate_latest(registry).decode()
 
         schedule.shutdown()
@@ -169,7 +182,7 @@ async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> Non
         f"soak: {window + WARM_UP:.0f} s ({WARM_UP:.0f} s warm-up + {window:.1f} s measured), {SERVERS} servers, "
         f"poll every {POLL_INTERVAL:g} s, canary every {CANARY_INTERVAL:g} s\n"
         f"  RSS {start['rss'] / 2**20:.1f} MiB -> {end['rss'] / 2**20:.1f} MiB; open fds {start['fds']} -> {end['fds']}; "
-        f"open sockets {start['sockets']} -> {end['sockets']} ({stranded} in CLOSE_WAIT)\n"
+        f"open sockets {start['sockets']} -> {end['sockets']} ({stranded} in CLOSE_WAIT for 5 s)\n"
         f"  asyncio tasks {start['tasks']} -> {end['tasks']} (peak {peak_tasks}, {after} after the schedule stopped)\n"
         f"  polls per server in the window: min {polls[0]}, max {polls[-1]}; canaries: min {canaries[0]}, max {canaries[-1]}\n"
         f"  event-loop lag: max {max(lags) * 1000:.0f} ms; poll failures by reason: {dict(reasons.most_common())}"

@@ -26,6 +26,11 @@ def refused_url() -> str:
 
 def stranded_sockets(ports: set[int]) -> int:
     """This process's TCP sockets to `ports` in CLOSE_WAIT: the server hung up, the client never closed its end."""
+    return len(stranded_socket_inodes(ports))
+
+
+def stranded_socket_inodes(ports: set[int]) -> set[str]:
+    """The inodes of stranded_sockets: the same socket seen twice some time apart has stayed stranded meanwhile."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -34,10 +39,11 @@ def stranded_sockets(ports: set[int]) -> int:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    count = 0
+    found = set()
     with open("/proc/net/tcp") as table:
         for line in table.read().splitlines()[1:]:
             fields = line.split()
             remote_port = int(fields[2].split(":")[1], 16)
-            count += fields[3] == "08" and remote_port in ports and fields[9] in inodes
-    return count
+            if fields[3] == "08" and remote_port in ports and fields[9] in inodes:
+                found.add(fields[9])
+    return found
