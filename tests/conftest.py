@@ -14,7 +14,7 @@ from specwatch.daemon.watch import Watcher
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
-from tests.support import llamabuild
+from tests.support import llamabuild, net
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 
@@ -86,6 +86,15 @@ def _a_process_makes_a_test_real(request: pytest.FixtureRequest, monkeypatch: py
         raise AssertionError(f"this test starts a process ({args!r}): mark it @pytest.mark.real")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Servers made before they start (LlamaServer) take their port from this worker's range, as every test's do."""
+    # bind(0) may hand a port another worker has chosen for a server it has not started yet: that worker's server then
+    # fails to bind, or a test watches another worker's server.
+    import specwatch.demo.llamaserver
+
+    specwatch.demo.llamaserver.free_port = net.free_port
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

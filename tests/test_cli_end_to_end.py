@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specwatch.demo.llamaserver import LlamaServer, free_port
+from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
 from tests.support.metrics import find, scrape
+from tests.support.net import free_port
 from tests.support.process import ExporterProcess, favoured
 from tests.support.waiting import wait_until
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specwatch.demo.llamaserver import LlamaServer, free_port
+from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.chain import EXAMPLES, RULES, http_ok, prometheus_query
 from tests.support.chain import prometheus as chain_prometheus
+from tests.support.net import free_port
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until
 

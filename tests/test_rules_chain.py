@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, free_port, router_preset
+from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, router_preset
 from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
 from tests.support.chain import (
@@ -33,6 +33,7 @@ from tests.support.chain import prometheus as chain_prometheus
 from tests.support.chain import prometheus_config as example_prometheus_config
 from tests.support.faults import Status
 from tests.support.loopback import FaultServer
+from tests.support.net import free_port
 from tests.support.process import Process
 from tests.support.waiting import wait_until
 from tests.support.wire import FakeLlama

@@ -19,7 +19,6 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.run import Daemon
 from specwatch.daemon.watch import Watcher
-from specwatch.demo.llamaserver import free_port
 from specwatch.endpoints import Endpoint
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
@@ -27,6 +26,7 @@ from specwatch.reasons import Reason
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
+from tests.support.net import free_port
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
 from tests.support.wire import FakeLlama
 

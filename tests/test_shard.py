@@ -15,9 +15,9 @@ import yaml
 
 from specwatch.daemon.run import shard_of
 from specwatch.daemon.shard import hashmod, select, shard_key
-from specwatch.demo.llamaserver import free_port
 from specwatch.settings.schema import Settings
 from tests.support.chain import http_ok
+from tests.support.net import free_port
 from tests.support.process import Process
 from tests.support.waiting import wait_until
 

@@ -12,8 +12,9 @@ import urllib.request
 
 import pytest
 
-from specwatch.demo.llamaserver import SERVER_KINDS, LlamaServer, LlamaServerError, find_llama_server, free_port
+from specwatch.demo.llamaserver import SERVER_KINDS, LlamaServer, LlamaServerError, find_llama_server
 from specwatch.demo.tinymodel import cycle_text, write_cycle_model, write_mtp_cycle_model
+from tests.support.net import free_port
 from tests.support.process import _stop_group
 
 pytestmark = pytest.mark.real

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from specwatch.demo.llamaserver import free_port
 from tests.support import markdown
+from tests.support.net import free_port
 from tests.support.process import Process
 
 REPO = Path(__file__).resolve().parents[2]

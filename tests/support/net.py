@@ -12,11 +12,34 @@ UNREACHABLE_URL = "http://224.0.0.1:8080"
 """A multicast address: Linux refuses a TCP connection to it at once with "Network is unreachable", and sends nothing."""
 
 
+_PORTS = range(20000, 32000)
+"""Below Linux's default ephemeral range (32768-60999), where bind(0) and connect() pick their ports, so a server
+started on port 0 never lands on a port handed out here."""
+_next: dict[int, int] = {}
+
+
+def _worker_ports() -> range:
+    """This pytest-xdist worker's share of _PORTS: a port made for a server not started yet is never another
+    worker's."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
+    size = len(_PORTS) // workers
+    return range(_PORTS.start + index * size, _PORTS.start + (index + 1) * size)
+
+
 def free_port() -> int:
-    """A loopback port free a moment ago (another process may take it before it is used)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free a moment ago, from this worker's own range, each handed out once in turn."""
+    ports = _worker_ports()
+    for _ in range(len(ports)):
+        port = ports[_next.get(os.getpid(), 0) % len(ports)]
+        _next[os.getpid()] = _next.get(os.getpid(), 0) + 1
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue  # something of the machine's own listens there
+            return port
+    raise RuntimeError(f"no free loopback port in {ports}")
 
 
 def refused_url() -> str:

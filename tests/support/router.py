@@ -8,8 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from specwatch.demo.llamaserver import find_llama_server, free_port
+from specwatch.demo.llamaserver import find_llama_server
 from tests.support.metrics import parse
+from tests.support.net import free_port
 from tests.support.process import _stop_group
 from tests.support.waiting import wait_until
 
