@@ -7,6 +7,7 @@ as the httpx exceptions httpx would raise, chained to httpcore's, so they map to
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -126,6 +127,13 @@ class _Stream(httpx.AsyncByteStream):
         await self._stream.aclose()
 
 
+@functools.lru_cache(maxsize=256)
+def _encoded(headers: tuple[tuple[str, str], ...]) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers on the wire, encoded once: every request to a fleet sends the same few."""
+    return (*((name.encode("ascii"), value.encode("ascii")) for name, value in headers if name != "accept-encoding"),
+            (b"accept-encoding", ENCODINGS.encode()))
+
+
 def _body(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
@@ -134,8 +142,7 @@ async def send(
     transport: PerServerTransport, target: Target, method: str, headers: dict[str, str], timeout: float, body: Any
 ) -> Answer | httpx.Response:
     """Send one request on the server's pool; the answer's headers are read, its body is not."""
-    raw = [(b"Host", target.host), *((name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()
-                                     if name != "accept-encoding"), (b"accept-encoding", ENCODINGS.encode())]
+    raw = [(b"Host", target.host), *_encoded(tuple(headers.items()))]
     content = b""
     if body is not None:
         content = _body(body)
