@@ -231,6 +231,7 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
     started = time.monotonic()
     runner = asyncio.create_task(daemon.run("127.0.0.1", port))
     out: dict[str, Any] = {"settle_s": await _settled(daemon, 180.0), "poll_interval": settings.poll_interval}
+    (marks / "settled").write_text("start")
     # The first rotation canaries come a canary_interval after the start-up rounds: from then on the mix is steady.
     await asyncio.sleep(max(0.0, started + settings.canary_interval - time.monotonic()))
     (marks / "window").write_text("start")
@@ -243,10 +244,9 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
     out.update(window_cpu=cpu, window_wall=wall, window_requests=requests, window_polls=polls, window_connections=connections,
                window_scrapes=[s for s in served if started <= s["at"] <= started + wall])
     out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
-    (marks / "burst").write_text("start")
+    (marks / "over").write_text("over")
     while not (marks / "stop").exists():
         await asyncio.sleep(0.2)
-    out["burst_scrapes"] = [s for s in served if s["at"] > started + wall]
     # After the memory readings: the decoded body and its lines are the benchmark's, not the daemon's.
     text = daemon.exposition.renderer.text().decode()
     snapshot = daemon.fleet.snapshot()
@@ -442,8 +442,9 @@ def _row(what: str, size: int, figures: dict[str, Any], ok: str = "", every: flo
 
 
 def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespace, profile: Path | None = None) -> dict[str, Any]:
-    """The daemon on its schedule; Prometheus' scrapes every `--scrape-every` s, then a burst of `--scrapes` 3 s apart
-    (each followed a second later by a generic client's); py-spy samples the window into `profile` when given."""
+    """The daemon on its schedule, scraped by two scrapers from the end of its start-up rounds: Prometheus (its Accept
+    header) and a generic client (no Accept), each every `--scrape-every` s, half an interval apart, as an HA pair of
+    scrapers would; those in the window are kept. py-spy samples the window into `profile` when given."""
     port = free_port()
     marks = workdir / "marks"
     shutil.rmtree(marks, ignore_errors=True)
@@ -453,34 +454,28 @@ def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespac
     spying: list[subprocess.Popen[bytes]] = []
 
     def drive(process: subprocess.Popen[bytes]) -> None:
-        def wait_for(mark: str) -> bool:
-            while not (marks / mark).exists():
-                if process.poll() is not None:
-                    return False
-                time.sleep(0.2)
-            return True
-
-        if not wait_for("window"):
-            return
-        if profile is not None:
-            spying.append(bench_profile.record(process.pid, args.window, profile))
+        while not (marks / "settled").exists():
+            if process.poll() is not None:
+                return
+            time.sleep(0.2)
         url = f"http://127.0.0.1:{port}/metrics"
-        while not (marks / "burst").exists() and process.poll() is None:
+        first = time.monotonic()
+        scrapers: list[tuple[float, str | None, list[tuple[float, int, int]]]] = [
+            (first, PROMETHEUS_ACCEPT, client), (first + args.scrape_every / 2, None, generic)]
+        while not (marks / "over").exists() and process.poll() is None:
+            if profile is not None and not spying and (marks / "window").exists():
+                spying.append(bench_profile.record(process.pid, args.window, profile))
+            scrapers.sort(key=lambda scraper: scraper[0])
+            at, accept, kept = scrapers[0]
+            if time.monotonic() < at:
+                time.sleep(min(0.05, at - time.monotonic()))
+                continue
+            counted = (marks / "window").exists()
             with contextlib.suppress(OSError):
-                scrape(url)
-            deadline = time.monotonic() + args.scrape_every
-            while time.monotonic() < deadline and not (marks / "burst").exists():
-                time.sleep(0.2)
-        if not wait_for("burst"):
-            return
-        for index in range(args.scrapes):
-            if index:
-                time.sleep(3.0)
-            with contextlib.suppress(OSError):
-                client.append(scrape(url))
-            time.sleep(1.0)
-            with contextlib.suppress(OSError):
-                generic.append(scrape(url, None))
+                answer = scrape(url, accept)
+                if counted and not (marks / "over").exists():
+                    kept.append(answer)
+            scrapers[0] = (at + args.scrape_every, accept, kept)
         (marks / "stop").write_text("stop")
 
     extra = ["--fleet-url", fleet_url, "--port", str(port), "--window", str(args.window), "--marks", str(marks)]
@@ -503,7 +498,8 @@ def _steady_rows(size: int, steady: dict[str, Any], args: argparse.Namespace) ->
             steady["window_connections"], note, steady["window_wall"]),
         Row("specwatch", f"daemon mix + scrapes every {args.scrape_every:g}s", size, steady["window_wall"],
             steady["window_cpu"], requests, steady["window_connections"],
-            f"{len(steady['window_scrapes'])} scrapes and their rendering, {1000 * scraped:.0f} ms CPU", steady["window_wall"]),
+            f"{len(steady['window_scrapes'])} scrapes (two scrapers) and their rendering, {1000 * scraped:.0f} ms CPU",
+            steady["window_wall"]),
     ]
 
 
@@ -653,14 +649,15 @@ def _median(values: Sequence[float]) -> float:
 def metrics_table(results: Results) -> list[str]:
     head = (f"{'N':>5}  {'scrape median ms':>16} {'min-max':>11} {'handler CPU ms':>14} {'series/server':>13} "
             f"{'bytes/server':>12} {'gzip B/server':>13} {'body MB':>8}  {'RSS MB':>7} {'peak MB':>7}  {'blackbox RSS':>12}")
-    lines = ["/metrics over HTTP with gzip, scrapes 3 s apart after the window; memory of the daemon",
+    lines = ["/metrics over HTTP with gzip, the scrapes in the window (Prometheus' Accept and a generic client's, each every",
+             "--scrape-every s): wall time the client saw, CPU of the thread that served it; memory of the daemon",
              head, "-" * len(head)]
     for size, figures in results.sizes.items():
         steady = figures.get("steady")
         if not steady:
             continue
         walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
-        handler = [1000 * s["cpu"] for s in steady["burst_scrapes"]]
+        handler = [1000 * s["cpu"] for s in steady["window_scrapes"]]
         servers = steady["servers"] or 1
         lines.append(
             f"{size:>5}  {_median(walls):>16.1f} {min(walls, default=0):>5.0f}-{max(walls, default=0):<5.0f} "
@@ -672,36 +669,24 @@ def metrics_table(results: Results) -> list[str]:
 
 
 def readme_table(results: Results) -> list[str]:
-    """The "Fleet scale" table of docs/operating.md."""
-    lines = ["| servers | CPU per request: poll / canary body / canary stream (48 tokens) / daemon mix | "
-             "blackbox_exporter per probe | mix vs blackbox | CPU per watched server: daemon mix (blackbox_exporter "
-             "probing every poll interval) | `/metrics` median (gzip) | series per server | bytes per server | RSS |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """The "Fleet scale" table of docs/operating.md: the medians over the runs."""
+    lines = ["| servers | CPU per watched server per poll interval, canaries included | blackbox_exporter per probe | "
+             "ratio | with its `/metrics` | `/metrics` median: Prometheus / generic client | series per server | "
+             "bytes per server | RSS |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, figures in results.sizes.items():
-        rows = {r.what: r for r in results.rows if r.servers == size}
-        probe = _blackbox(results, size)
-        steady = figures.get("steady")
-        mix = next((r for w, r in rows.items() if w.startswith("daemon mix +")), None)
-        body = rows.get(f"canary {CANARY_TOKENS} tokens, bodies")
-        stream = rows.get(f"canary {CANARY_TOKENS} tokens, streams")
-        poll = rows.get("poll, new connections")
-        cells = [f"{r.per_request_ms:.2f}" if r else "-" for r in (poll, body, stream, mix)]
-        vs = f"{mix.per_request_ms / probe.per_request_ms:.2f}" if mix and probe and probe.cpu else "-"
-        mix_standing, probe_standing = (r.per_server_minute_ms if r else None for r in (mix, probe))
-        standing = (f"{mix_standing:.1f} ms/min = {core_per_thousand(mix_standing):.1f}% of a core per 1,000"
-                    if mix_standing is not None else "-")
-        if probe_standing is not None:
-            standing += f" ({probe_standing:.1f} ms/min = {core_per_thousand(probe_standing):.1f}%)"
+        runs, steady = figures.get("runs", []), figures.get("steady")
+
+        def med(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return _median([r[key] for r in runs if key in r])
+
+        tail = "- | - | - |"
         if steady:
             servers = steady["servers"] or 1
-            walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
-            tail = (f"{_median(walls):.0f} ms | {steady['series_per_server']:.0f} | "
-                    f"{steady['metrics_bytes'] / servers:,.0f} ({steady['metrics_gzip_bytes'] / servers:,.0f} gzipped) | "
-                    f"{steady['rss_mb']:.0f} MB |")
-        else:
-            tail = "- | - | - | - |"
-        lines.append(f"| {size:,} | {' / '.join(cells)} ms | {probe.per_request_ms:.2f} ms | {vs} | {standing} | {tail}" if probe
-                     else f"| {size:,} | {' / '.join(cells)} ms | - | - | {standing} | {tail}")
+            tail = (f"{steady['series_per_server']:.0f} | {steady['metrics_bytes'] / servers:,.0f} "
+                    f"({steady['metrics_gzip_bytes'] / servers:,.0f} gzipped) | {steady['rss_mb']:.0f} MB |")
+        lines.append(f"| {size:,} | {med('watch_ms'):.2f} ms | {med('blackbox_ms_per_probe'):.2f} ms | {med('ratio'):.2f} | "
+                     f"{med('watch_and_scrapes_ms'):.2f} ms | {med('metrics_ms'):.0f} / {med('metrics_generic_ms'):.0f} ms | "
+                     f"{tail}")
     return lines
 
 
@@ -766,7 +751,6 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds the daemon is measured on its schedule, from a canary interval after its start; 0 skips "
              "(default 75: a canary interval and a poll interval, the period of one server's rotation canaries)")
     add("--scrape-every", type=float, default=15.0, help="seconds between /metrics scrapes during the window (default 15)")
-    add("--scrapes", type=int, default=5, help="/metrics scrapes 3 s apart after the window, the median is shown (default 5)")
     add("--runs", type=int, default=3,
         help="daemon windows, each followed by blackbox_exporter's cycles; the median run is shown (default 3)")
     add("--quick", action="store_true",
