@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,3 +91,18 @@ def table(result: Split, *, top: int = 16) -> list[str]:
             lines.append(f"{name:<34} {100 * result.own[name] / result.samples:>6.1f} "
                          f"{100 * result.inclusive[name] / result.samples:>11.1f}")
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("raw", type=Path, help="py-spy's collapsed stacks (py-spy record --format raw, or the "
+                                               "benchmark's --profile-raw FILE)")
+    parser.add_argument("--top", type=int, default=16, help="components shown (default 16)")
+    args = parser.parse_args(argv)
+    with args.raw.open(encoding="utf-8") as raw:
+        print("\n".join(table(split(raw), top=args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
