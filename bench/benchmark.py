@@ -16,11 +16,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import profile as bench_profile
 from tests.support.loopback import STATS_PATH
 from tests.support.net import free_port
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimServer, build_config, raise_fd_limit, write_config
@@ -61,9 +63,11 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/ope
 """What Prometheus 2 sends (OpenMetrics first): the exporter chooses the format, as it does for a real scrape."""
 
 
-def scrape(url: str) -> tuple[float, int, int]:
-    """(wall seconds, bytes on the wire, bytes uncompressed) of one /metrics scrape with Prometheus' headers."""
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip", "Accept": PROMETHEUS_ACCEPT})
+def scrape(url: str, accept: str | None = PROMETHEUS_ACCEPT) -> tuple[float, int, int]:
+    """(wall seconds, bytes on the wire, bytes uncompressed) of one /metrics scrape that accepts gzip: with Prometheus'
+    Accept header, or with none (`accept=None`, a generic client such as curl --compressed)."""
+    headers = {"Accept-Encoding": "gzip", **({"Accept": accept} if accept else {})}
+    request = urllib.request.Request(url, headers=headers)
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=60) as answer:
         body = answer.read()
@@ -226,7 +230,8 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
     daemon = Daemon(config, settings)
     started = time.monotonic()
     runner = asyncio.create_task(daemon.run("127.0.0.1", port))
-    out: dict[str, Any] = {"settle_s": await _settled(daemon, 180.0)}
+    out: dict[str, Any] = {"settle_s": await _settled(daemon, 180.0), "poll_interval": settings.poll_interval}
+    (marks / "settled").write_text("start")
     # The first rotation canaries come a canary_interval after the start-up rounds: from then on the mix is steady.
     await asyncio.sleep(max(0.0, started + settings.canary_interval - time.monotonic()))
     (marks / "window").write_text("start")
@@ -239,10 +244,9 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
     out.update(window_cpu=cpu, window_wall=wall, window_requests=requests, window_polls=polls, window_connections=connections,
                window_scrapes=[s for s in served if started <= s["at"] <= started + wall])
     out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
-    (marks / "burst").write_text("start")
+    (marks / "over").write_text("over")
     while not (marks / "stop").exists():
         await asyncio.sleep(0.2)
-    out["burst_scrapes"] = [s for s in served if s["at"] > started + wall]
     # After the memory readings: the decoded body and its lines are the benchmark's, not the daemon's.
     text = daemon.exposition.renderer.text().decode()
     snapshot = daemon.fleet.snapshot()
@@ -437,44 +441,104 @@ def _row(what: str, size: int, figures: dict[str, Any], ok: str = "", every: flo
                every)
 
 
-def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The daemon on its schedule; Prometheus' scrapes every `--scrape-every` s, then a burst of `--scrapes` 3 s apart."""
+def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespace, profile: Path | None = None) -> dict[str, Any]:
+    """The daemon on its schedule, scraped by two scrapers from the end of its start-up rounds: Prometheus (its Accept
+    header) and a generic client (no Accept), each every `--scrape-every` s, half an interval apart, as an HA pair of
+    scrapers would; those in the window are kept. py-spy samples the window into `profile` when given."""
     port = free_port()
     marks = workdir / "marks"
     shutil.rmtree(marks, ignore_errors=True)
     marks.mkdir()
     client: list[tuple[float, int, int]] = []
+    generic: list[tuple[float, int, int]] = []
+    spying: list[subprocess.Popen[bytes]] = []
 
     def drive(process: subprocess.Popen[bytes]) -> None:
-        def wait_for(mark: str) -> bool:
-            while not (marks / mark).exists():
-                if process.poll() is not None:
-                    return False
-                time.sleep(0.2)
-            return True
-
-        if not wait_for("window"):
-            return
+        while not (marks / "settled").exists():
+            if process.poll() is not None:
+                return
+            time.sleep(0.2)
         url = f"http://127.0.0.1:{port}/metrics"
-        while not (marks / "burst").exists() and process.poll() is None:
+        first = time.monotonic()
+        scrapers: list[tuple[float, str | None, list[tuple[float, int, int]]]] = [
+            (first, PROMETHEUS_ACCEPT, client), (first + args.scrape_every / 2, None, generic)]
+        while not (marks / "over").exists() and process.poll() is None:
+            if profile is not None and not spying and (marks / "window").exists():
+                spying.append(bench_profile.record(process.pid, args.window, profile))
+            scrapers.sort(key=lambda scraper: scraper[0])
+            at, accept, kept = scrapers[0]
+            if time.monotonic() < at:
+                time.sleep(min(0.05, at - time.monotonic()))
+                continue
+            counted = (marks / "window").exists()
             with contextlib.suppress(OSError):
-                scrape(url)
-            deadline = time.monotonic() + args.scrape_every
-            while time.monotonic() < deadline and not (marks / "burst").exists():
-                time.sleep(0.2)
-        if not wait_for("burst"):
-            return
-        for index in range(args.scrapes):
-            if index:
-                time.sleep(3.0)
-            with contextlib.suppress(OSError):
-                client.append(scrape(url))
+                answer = scrape(url, accept)
+                if counted and not (marks / "over").exists():
+                    kept.append(answer)
+            scrapers[0] = (at + args.scrape_every, accept, kept)
         (marks / "stop").write_text("stop")
 
     extra = ["--fleet-url", fleet_url, "--port", str(port), "--window", str(args.window), "--marks", str(marks)]
     result = run_worker("steady", config, workdir, extra, timeout=args.window + 400, during=drive, specwatch=args.specwatch)
-    result["client_scrapes"] = client
+    for spy in spying:
+        _, errors = spy.communicate(timeout=60)
+        if spy.returncode:
+            print(f"py-spy failed ({spy.returncode}): {errors.decode(errors='replace')[-500:]}", file=sys.stderr)
+    result["client_scrapes"], result["generic_scrapes"] = client, generic
     return result
+
+
+def _steady_rows(size: int, steady: dict[str, Any], args: argparse.Namespace) -> list[Row]:
+    """The daemon mix rows of one window: without the CPU of /metrics, and with it."""
+    scraped = sum(s["cpu"] for s in steady["window_scrapes"]) + steady.get("window_preparing_cpu", 0.0)
+    requests = steady["window_requests"]
+    note = f"{steady['window_polls']} poll + {requests - steady['window_polls']} canary requests"
+    return [
+        Row("specwatch", "daemon mix, probes only", size, steady["window_wall"], steady["window_cpu"] - scraped, requests,
+            steady["window_connections"], note, steady["window_wall"]),
+        Row("specwatch", f"daemon mix + scrapes every {args.scrape_every:g}s", size, steady["window_wall"],
+            steady["window_cpu"], requests, steady["window_connections"],
+            f"{len(steady['window_scrapes'])} scrapes (two scrapers) and their rendering, {1000 * scraped:.0f} ms CPU",
+            steady["window_wall"]),
+    ]
+
+
+def _blackbox_row(size: int, runs: Sequence[tuple[Row, int, int]], poll_interval: float) -> Row:
+    """blackbox_exporter's probe cycles of one run, the median cycle's figures."""
+    cycles = [r[0] for r in runs]
+    per_probe = [c.per_request_ms for c in cycles]
+    return Row(
+        "blackbox", f"probe /props (median of {len(cycles)})", size,
+        statistics.median(c.wall for c in cycles), statistics.median(c.cpu for c in cycles),
+        round(statistics.median(c.requests for c in cycles)), round(statistics.median(c.connections for c in cycles)),
+        f"{min(r[1] for r in runs)}/{size} ok; ms/probe {min(per_probe):.2f}-{max(per_probe):.2f}",
+        poll_interval,  # as if Prometheus probed each server every poll_interval
+    )
+
+
+def _run_figures(run: dict[str, Any], size: int, poll_interval: float) -> dict[str, float]:
+    """One run's CPU per watched server per poll interval (canaries included), and blackbox_exporter's per probe."""
+    probe = _blackbox_row(size, run["blackbox"], poll_interval)
+    out = {"blackbox_ms_per_probe": probe.per_request_ms, "load_start": run["load"][0], "load_end": run["load"][1]}
+    steady = run.get("steady")
+    if steady:
+        scraped = sum(s["cpu"] for s in steady["window_scrapes"]) + steady.get("window_preparing_cpu", 0.0)
+        polls = steady["servers"] * steady["window_wall"] / poll_interval  # server-polls in the window
+        out.update(
+            watch_ms=1000 * (steady["window_cpu"] - scraped) / polls,
+            watch_and_scrapes_ms=1000 * steady["window_cpu"] / polls,
+            metrics_ms=_median([1000 * wall for wall, _, _ in steady["client_scrapes"]]),
+            metrics_generic_ms=_median([1000 * wall for wall, _, _ in steady.get("generic_scrapes", [])]),
+        )
+        out["ratio"] = out["watch_ms"] / out["blackbox_ms_per_probe"] if out["blackbox_ms_per_probe"] else float("nan")
+    return out
+
+
+def _middle(runs: Sequence[dict[str, float]]) -> int:
+    """The run whose ratio (or blackbox_exporter's CPU per probe, without a window) is the median: the one shown."""
+    key = "ratio" if all("ratio" in r for r in runs) else "blackbox_ms_per_probe"
+    order = sorted(range(len(runs)), key=lambda i: runs[i][key])
+    return order[(len(order) - 1) // 2]
 
 
 def measure(args: argparse.Namespace) -> Results:
@@ -485,6 +549,9 @@ def measure(args: argparse.Namespace) -> Results:
     options = FleetOptions(servers=largest, base_port=args.base_port, spec_share=args.spec_share, latency_ms=args.latency_ms,
                            token_ms=args.token_ms, keepalive_timeout=args.keepalive_timeout)
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    profiling = args.profile and args.window > 0 and bench_profile.available() is not None
+    if args.profile and not profiling:
+        say("py-spy is missing (pip install py-spy): no split by component, the figures are measured all the same")
     say(f"starting a simulated fleet of {largest} servers (latency {args.latency_ms:g} ms) ...")
     try:
         with SimFleetProcess(options) as fleet:
@@ -494,49 +561,54 @@ def measure(args: argparse.Namespace) -> Results:
                 for size in args.sizes:
                     servers = fleet.servers[:size]
                     figures: dict[str, Any] = results.sizes.setdefault(size, {})
-                    say(f"N={size}: specwatch poll and canary cycles ...")
-                    config = _config(workdir / f"cycles-{size}.yaml", servers, args,
-                                     canary_tokens=CANARY_TOKENS, canary_tokens_speculating=CANARY_TOKENS)
-                    extra = ["--fleet-url", fleet_url, "--keepalive", str(args.keepalive_timeout)]
-                    sw = figures["cycles"] = run_worker("cycles", config, workdir, extra, timeout=900, specwatch=args.specwatch)
-                    ok = f"{sw['polled_ok']}/{size} up, {sw['verdicts_right']}/{size} verdicts right"
-                    results.rows += [
-                        _row("poll, new connections", size, sw["poll_new"],
-                             f"{sw['poll_new']['requests'] / size:.2f} requests per server", every=sw["poll_interval"]),
-                        _row(f"canary {CANARY_TOKENS} tokens, bodies", size, sw["canary_bodies"]),
-                        _row(f"canary {CANARY_TOKENS} tokens, streams", size, sw["canary_streams"], ok),
-                    ]
-                    if args.window > 0:
-                        say(f"N={size}: specwatch daemon on its schedule, a {args.window:g} s window ...")
-                        steady = figures["steady"] = _steady(_config(workdir / f"steady-{size}.yaml", servers, args),
-                                                             workdir, fleet_url, args)
-                        scraped = sum(s["cpu"] for s in steady["window_scrapes"]) + steady.get("window_preparing_cpu", 0.0)
-                        requests = steady["window_requests"]
-                        note = f"{steady['window_polls']} poll + {requests - steady['window_polls']} canary requests"
+                    poll_interval = None
+                    if not args.quick:
+                        say(f"N={size}: specwatch poll and canary cycles ...")
+                        config = _config(workdir / f"cycles-{size}.yaml", servers, args,
+                                         canary_tokens=CANARY_TOKENS, canary_tokens_speculating=CANARY_TOKENS)
+                        extra = ["--fleet-url", fleet_url, "--keepalive", str(args.keepalive_timeout)]
+                        sw = figures["cycles"] = run_worker("cycles", config, workdir, extra, timeout=900,
+                                                            specwatch=args.specwatch)
+                        poll_interval = sw["poll_interval"]
+                        ok = f"{sw['polled_ok']}/{size} up, {sw['verdicts_right']}/{size} verdicts right"
                         results.rows += [
-                            Row("specwatch", "daemon mix, probes only", size, steady["window_wall"],
-                                steady["window_cpu"] - scraped, requests, steady["window_connections"], note,
-                                steady["window_wall"]),
-                            Row("specwatch", f"daemon mix + scrapes every {args.scrape_every:g}s", size, steady["window_wall"],
-                                steady["window_cpu"], requests, steady["window_connections"],
-                                f"{len(steady['window_scrapes'])} scrapes and their rendering, {1000 * scraped:.0f} ms CPU",
-                                steady["window_wall"]),
+                            _row("poll, new connections", size, sw["poll_new"],
+                                 f"{sw['poll_new']['requests'] / size:.2f} requests per server", every=poll_interval),
+                            _row(f"canary {CANARY_TOKENS} tokens, bodies", size, sw["canary_bodies"]),
+                            _row(f"canary {CANARY_TOKENS} tokens, streams", size, sw["canary_streams"], ok),
                         ]
-                    say(f"N={size}: blackbox_exporter cycles ...")
-                    blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url)  # warm-up, not counted
-                    runs = [blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url) for _ in range(args.repeat)]
-                    cycles = [r[0] for r in runs]
-                    per_probe = [c.per_request_ms for c in cycles]
-                    results.rows.append(Row(
-                        "blackbox", f"probe /props (median of {len(cycles)})", size,
-                        statistics.median(c.wall for c in cycles), statistics.median(c.cpu for c in cycles),
-                        round(statistics.median(c.requests for c in cycles)),
-                        round(statistics.median(c.connections for c in cycles)),
-                        f"{min(r[1] for r in runs)}/{size} ok; ms/probe {min(per_probe):.2f}-{max(per_probe):.2f}",
-                        sw["poll_interval"],  # as if Prometheus probed each server every poll_interval
-                    ))
+                    runs = []
+                    for index in range(args.runs):
+                        load = os.getloadavg()[0]
+                        run: dict[str, Any] = {}
+                        if args.window > 0:
+                            say(f"N={size}, run {index + 1}/{args.runs}: specwatch daemon on its schedule, "
+                                f"a {args.window:g} s window ...")
+                            sampled = workdir / f"profile-{size}.txt" if index == 0 and profiling else None
+                            steady = run["steady"] = _steady(_config(workdir / f"steady-{size}.yaml", servers, args),
+                                                             workdir, fleet_url, args, sampled)
+                            poll_interval = steady["poll_interval"]
+                            if sampled is not None and sampled.exists():
+                                if args.profile_raw:
+                                    shutil.copyfile(sampled, args.profile_raw)
+                                with sampled.open(encoding="utf-8") as raw:
+                                    split = bench_profile.split(raw)
+                                figures["profile"] = {"samples": split.samples, "own": dict(split.own),
+                                                      "inclusive": dict(split.inclusive)}
+                        say(f"N={size}, run {index + 1}/{args.runs}: blackbox_exporter cycles ...")
+                        blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url)  # warm-up, not counted
+                        run["blackbox"] = [blackbox_cycle(blackbox, servers, args.blackbox_concurrency, fleet_url)
+                                           for _ in range(args.repeat)]
+                        run["load"] = (load, os.getloadavg()[0])
+                        runs.append(run)
+                    figures["runs"] = [_run_figures(run, size, poll_interval or 15.0) for run in runs]
+                    middle = runs[_middle(figures["runs"])]
+                    if "steady" in middle:
+                        figures["steady"] = middle["steady"]
+                        results.rows += _steady_rows(size, middle["steady"], args)
+                    results.rows.append(_blackbox_row(size, middle["blackbox"], poll_interval or 15.0))
                     figures["blackbox_rss_mb"], figures["blackbox_peak_rss_mb"] = proc_memory_mb(blackbox.pid)
-                    figures["blackbox_probe_bytes"] = runs[-1][2]
+                    figures["blackbox_probe_bytes"] = middle["blackbox"][-1][2]
             finally:
                 blackbox.stop()
     finally:
@@ -577,14 +649,15 @@ def _median(values: Sequence[float]) -> float:
 def metrics_table(results: Results) -> list[str]:
     head = (f"{'N':>5}  {'scrape median ms':>16} {'min-max':>11} {'handler CPU ms':>14} {'series/server':>13} "
             f"{'bytes/server':>12} {'gzip B/server':>13} {'body MB':>8}  {'RSS MB':>7} {'peak MB':>7}  {'blackbox RSS':>12}")
-    lines = ["/metrics over HTTP with gzip, scrapes 3 s apart after the window; memory of the daemon",
+    lines = ["/metrics over HTTP with gzip, the scrapes in the window (Prometheus' Accept and a generic client's, each every",
+             "--scrape-every s): wall time the client saw, CPU of the thread that served it; memory of the daemon",
              head, "-" * len(head)]
     for size, figures in results.sizes.items():
         steady = figures.get("steady")
         if not steady:
             continue
         walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
-        handler = [1000 * s["cpu"] for s in steady["burst_scrapes"]]
+        handler = [1000 * s["cpu"] for s in steady["window_scrapes"]]
         servers = steady["servers"] or 1
         lines.append(
             f"{size:>5}  {_median(walls):>16.1f} {min(walls, default=0):>5.0f}-{max(walls, default=0):<5.0f} "
@@ -596,41 +669,67 @@ def metrics_table(results: Results) -> list[str]:
 
 
 def readme_table(results: Results) -> list[str]:
-    """The "Fleet scale" table of docs/operating.md."""
-    lines = ["| servers | CPU per request: poll / canary body / canary stream (48 tokens) / daemon mix | "
-             "blackbox_exporter per probe | mix vs blackbox | CPU per watched server: daemon mix (blackbox_exporter "
-             "probing every poll interval) | `/metrics` median (gzip) | series per server | bytes per server | RSS |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """The "Fleet scale" table of docs/operating.md: the medians over the runs."""
+    lines = ["| servers | CPU per watched server per poll interval, canaries included | blackbox_exporter per probe | "
+             "ratio | with its `/metrics` | `/metrics` median: Prometheus / generic client | series per server | "
+             "bytes per server | RSS |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, figures in results.sizes.items():
-        rows = {r.what: r for r in results.rows if r.servers == size}
-        probe = _blackbox(results, size)
-        steady = figures.get("steady")
-        mix = next((r for w, r in rows.items() if w.startswith("daemon mix +")), None)
-        body = rows.get(f"canary {CANARY_TOKENS} tokens, bodies")
-        stream = rows.get(f"canary {CANARY_TOKENS} tokens, streams")
-        poll = rows.get("poll, new connections")
-        cells = [f"{r.per_request_ms:.2f}" if r else "-" for r in (poll, body, stream, mix)]
-        vs = f"{mix.per_request_ms / probe.per_request_ms:.2f}" if mix and probe and probe.cpu else "-"
-        mix_standing, probe_standing = (r.per_server_minute_ms if r else None for r in (mix, probe))
-        standing = (f"{mix_standing:.1f} ms/min = {core_per_thousand(mix_standing):.1f}% of a core per 1,000"
-                    if mix_standing is not None else "-")
-        if probe_standing is not None:
-            standing += f" ({probe_standing:.1f} ms/min = {core_per_thousand(probe_standing):.1f}%)"
+        runs, steady = figures.get("runs", []), figures.get("steady")
+
+        def med(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return _median([r[key] for r in runs if key in r])
+
+        tail = "- | - | - |"
         if steady:
             servers = steady["servers"] or 1
-            walls = [1000 * wall for wall, _, _ in steady["client_scrapes"]]
-            tail = (f"{_median(walls):.0f} ms | {steady['series_per_server']:.0f} | "
-                    f"{steady['metrics_bytes'] / servers:,.0f} ({steady['metrics_gzip_bytes'] / servers:,.0f} gzipped) | "
-                    f"{steady['rss_mb']:.0f} MB |")
-        else:
-            tail = "- | - | - | - |"
-        lines.append(f"| {size:,} | {' / '.join(cells)} ms | {probe.per_request_ms:.2f} ms | {vs} | {standing} | {tail}" if probe
-                     else f"| {size:,} | {' / '.join(cells)} ms | - | - | {standing} | {tail}")
+            tail = (f"{steady['series_per_server']:.0f} | {steady['metrics_bytes'] / servers:,.0f} "
+                    f"({steady['metrics_gzip_bytes'] / servers:,.0f} gzipped) | {steady['rss_mb']:.0f} MB |")
+        lines.append(f"| {size:,} | {med('watch_ms'):.2f} ms | {med('blackbox_ms_per_probe'):.2f} ms | {med('ratio'):.2f} | "
+                     f"{med('watch_and_scrapes_ms'):.2f} ms | {med('metrics_ms'):.0f} / {med('metrics_generic_ms'):.0f} ms | "
+                     f"{tail}")
+    return lines
+
+
+def watched_table(results: Results) -> list[str]:
+    """CPU per watched server per poll interval, canaries included, beside blackbox_exporter's per probe: every run."""
+    head = (f"{'N':>5}  {'run':>6}  {'load avg':>9}  {'watch ms':>8} {'+ scrapes':>9} {'blackbox ms':>11} {'ratio':>6}  "
+            f"{'/metrics ms: Prometheus':>23} {'generic':>7}")
+    lines = ["CPU per watched server per poll interval (daemon mix, canaries included; without and with its /metrics),",
+             "beside blackbox_exporter's CPU per probe in the same run; ratio = watch / blackbox (run 1 sampled by py-spy",
+             "when the profile is on); /metrics: median wall time of a gzip scrape", head, "-" * len(head)]
+    for size, figures in results.sizes.items():
+        runs = figures.get("runs", [])
+        for index, run in enumerate(runs, 1):
+            lines.append(
+                f"{size:>5}  {index:>6}  {run['load_start']:>4.1f}-{run['load_end']:<4.1f}  "
+                f"{run.get('watch_ms', float('nan')):>8.3f} {run.get('watch_and_scrapes_ms', float('nan')):>9.3f} "
+                f"{run['blackbox_ms_per_probe']:>11.3f} {run.get('ratio', float('nan')):>6.2f}  "
+                f"{run.get('metrics_ms', float('nan')):>23.1f} {run.get('metrics_generic_ms', float('nan')):>7.1f}")
+        if len(runs) > 1:
+            def med(key: str, runs: list[dict[str, float]] = runs) -> float:
+                return _median([r[key] for r in runs if key in r])
+
+            lines.append(
+                f"{size:>5}  {'median':>6}  {'':>9}  {med('watch_ms'):>8.3f} {med('watch_and_scrapes_ms'):>9.3f} "
+                f"{med('blackbox_ms_per_probe'):>11.3f} {med('ratio'):>6.2f}  {med('metrics_ms'):>23.1f} "
+                f"{med('metrics_generic_ms'):>7.1f}")
+    return lines
+
+
+def profile_tables(results: Results) -> list[str]:
+    lines: list[str] = []
+    for size, figures in results.sizes.items():
+        found = figures.get("profile")
+        if found:
+            split = bench_profile.Split(found["samples"], Counter(found["own"]), Counter(found["inclusive"]))
+            lines += ["", f"N={size}: the daemon's CPU by component over run 1's window (py-spy, {split.samples} samples "
+                          "at 100 Hz, idle threads left out)", *bench_profile.table(split)]
     return lines
 
 
 def render_tables(results: Results) -> str:
-    return "\n".join([*cpu_table(results), "", *metrics_table(results), "", "README:", *readme_table(results)])
+    return "\n".join([*cpu_table(results), "", *metrics_table(results), "", *watched_table(results),
+                      *profile_tables(results), "", "README:", *readme_table(results)])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -652,7 +751,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds the daemon is measured on its schedule, from a canary interval after its start; 0 skips "
              "(default 75: a canary interval and a poll interval, the period of one server's rotation canaries)")
     add("--scrape-every", type=float, default=15.0, help="seconds between /metrics scrapes during the window (default 15)")
-    add("--scrapes", type=int, default=5, help="/metrics scrapes 3 s apart after the window, the median is shown (default 5)")
+    add("--runs", type=int, default=3,
+        help="daemon windows, each followed by blackbox_exporter's cycles; the median run is shown (default 3)")
+    add("--quick", action="store_true",
+        help="only the daemon's windows and blackbox_exporter (no poll and canary cycles); one run unless --runs says")
+    add("--no-profile", dest="profile", action="store_false",
+        help="do not sample the daemon with py-spy (it samples the first run's window when py-spy is installed)")
+    add("--profile-raw", type=Path, help="also keep py-spy's collapsed stacks in this file")
     add("--specwatch", type=Path, help="measure the exporter package of this directory instead (a before/after run)")
     add("--json", type=Path, help="also write the raw figures to this file")
     # The workers: the specwatch side, in processes of their own so their CPU clock counts only specwatch.
@@ -667,6 +772,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.worker:
         return worker_main(args)
+    if args.quick and "--runs" not in (argv if argv is not None else sys.argv[1:]):
+        args.runs = 1
     raise_fd_limit()
     started = time.monotonic()
     results = measure(args)

@@ -240,7 +240,8 @@ Change = tuple[ServerState, ServerState]
 class Fleet:
     """Per-server state. Writers run on the event loop; readers (scrapes) may run on any thread.
 
-    Each update rebinds `_servers` to a new dict, so a reader's `snapshot()` is always consistent.
+    An update replaces one server's immutable state in place, a reload rebinds `_servers` to a new dict: either way a
+    reader's `snapshot()` is consistent.
     """
 
     def __init__(self, servers: Iterable[ServerConfig] = (), endpoints: Iterable[Endpoint] = ()) -> None:
@@ -272,7 +273,9 @@ class Fleet:
         if old is None:
             return None
         new = replace(old, **changes)
-        self._servers = {**self._servers, name: new}
+        # In place: a key that is already there neither grows nor shrinks the dict, so a reader's snapshot() (one C call
+        # under the GIL) sees every server whole, before or after; a copy of the dict per probe cost 4% of the CPU.
+        self._servers[name] = new
         return old, new
 
     def record_poll(

@@ -202,7 +202,7 @@ def held(rig: Rig) -> Held:
     names = {peer: name for name, peer in peers.items()}
 
     async def quiet() -> tuple[int, int, str]:
-        daemon.schedule.scheduler.pause()
+        daemon.schedule.pause()
         watcher = daemon.watcher
 
         def busy() -> str:
@@ -231,7 +231,7 @@ def held(rig: Rig) -> Held:
         await asyncio.sleep(0.05)
 
     async def resume() -> None:
-        daemon.schedule.scheduler.resume()
+        daemon.schedule.resume()
 
     with rig.sampler.paused():
         try:

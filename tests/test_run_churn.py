@@ -55,7 +55,7 @@ def _held(daemon: Daemon) -> dict[str, int]:
     watcher = daemon.watcher
     return {
         "fleet": len(daemon.fleet.snapshot()),
-        "jobs": len(daemon.schedule.scheduler.get_jobs()),
+        "scheduled": len(daemon.schedule),
         "streaks": len({key[1] for key in watcher._streaks}),
         "in_flight": len(watcher._in_flight),
         "pools": len(daemon.client._transport),  # type: ignore[attr-defined]
@@ -114,7 +114,7 @@ async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch:
             await asyncio.wait_for(running, 30)
 
     warm, last = seen
-    for what in ("fleet", "jobs", "streaks", "labels", "entries"):
+    for what in ("fleet", "scheduled", "streaks", "labels", "entries"):
         assert last[what] <= PER_CYCLE, (what, seen)
     assert last["blocks"] <= warm["blocks"], seen
     # A pool per origin used in the last IDLE_POOL_SECONDS (two or three cycles), not per origin ever watched.

@@ -1,11 +1,11 @@
-"""One job per server: run at once for a small fleet, spread over the interval for a large one, in step with reloads."""
+"""One timer for the fleet: a small fleet polled at once, a large one spread over the interval, in step with reloads."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import asyncio
+import itertools
 
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-
+from specwatch.daemon import schedule as schedule_module
 from specwatch.daemon.schedule import Schedule
 from specwatch.settings.schema import Settings
 
@@ -16,24 +16,20 @@ def _servers(n: int) -> list[dict]:
 
 def _schedule(make_watcher, n: int, **kw: object) -> Schedule:
     watcher = make_watcher({}, servers=_servers(n), **kw)
-    scheduler = AsyncIOScheduler(timezone=UTC)
-    scheduler.start(paused=True)
-    schedule = Schedule(watcher, scheduler)
+    schedule = Schedule(watcher)
     schedule.sync(list(watcher.settings.servers))
     return schedule
 
 
 def _offsets(schedule: Schedule) -> list[float]:
-    now = datetime.now(UTC)
-    return [(j.next_run_time - now).total_seconds() for j in schedule.scheduler.get_jobs()]
+    return list(schedule.next_polls().values())
 
 
 async def test_small_fleet_runs_at_once(make_watcher) -> None:
     schedule = _schedule(make_watcher, 3)
-    assert len(schedule.scheduler.get_jobs()) == 3
+    assert len(schedule) == 3
     assert all(offset <= 0.5 for offset in _offsets(schedule))
-    job = schedule.scheduler.get_job("watch:s1")
-    assert job.trigger.interval == timedelta(seconds=15) and job.func == schedule.watcher.tick
+    assert schedule.interval == 15
 
 
 async def test_large_fleet_is_spread_over_the_interval(make_watcher) -> None:
@@ -45,11 +41,47 @@ async def test_large_fleet_is_spread_over_the_interval(make_watcher) -> None:
     assert max(per_second) <= 45
 
 
-async def test_reload_adds_removes_and_retimes_jobs(make_watcher) -> None:
+async def test_reload_adds_removes_and_retimes_servers(make_watcher) -> None:
     schedule = _schedule(make_watcher, 3)
     settings = Settings(servers=[*_servers(2), {"name": "new", "url": "http://new:1"}], poll_interval=30)
     schedule.watcher.apply(settings, list(settings.servers))
     schedule.sync(list(settings.servers))
-    ids = sorted(j.id for j in schedule.scheduler.get_jobs())
-    assert ids == ["watch:new", "watch:s0", "watch:s1"]
-    assert schedule.scheduler.get_job("watch:s0").trigger.interval == timedelta(seconds=30)
+    assert sorted(schedule.next_polls()) == ["new", "s0", "s1"]
+    assert schedule.interval == 30
+
+
+async def test_each_server_is_polled_every_interval_in_batches(make_watcher, monkeypatch) -> None:
+    monkeypatch.setattr(schedule_module, "BATCH_SECONDS", 0.05)
+    watcher = make_watcher({}, servers=_servers(40), max_concurrency=4, poll_interval=1)
+    ticks: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def tick(name: str) -> None:
+        ticks.append((name, loop.time()))
+
+    watcher.tick = tick
+    schedule = Schedule(watcher)
+    started = loop.time()
+    schedule.start(list(watcher.settings.servers))
+    try:
+        await asyncio.sleep(2.5)
+        schedule.pause()
+        paused = len(ticks)
+        await asyncio.sleep(0.5)
+        assert len(ticks) == paused, "a paused schedule starts no poll"
+        schedule.resume()
+        await asyncio.sleep(0.1)
+    finally:
+        schedule.shutdown()
+    by_server: dict[str, list[float]] = {}
+    for name, at in ticks[:paused]:
+        by_server.setdefault(name, []).append(at - started)
+    assert sorted(by_server) == sorted(f"s{i}" for i in range(40))
+    for name, times in by_server.items():
+        assert len(times) in (2, 3), (name, times)
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(0.9 <= gap <= 1.1 for gap in gaps), (name, times)  # on its phase, a batch early at most
+    # Spread over the interval, started in batches: far fewer start times than polls.
+    starts = {round(at, 3) for _, at in ticks}
+    assert len(starts) < len(ticks) / 2
+    assert len(schedule) == 40

@@ -1,67 +1,122 @@
-"""One APScheduler job per watched server, phase-spread so a large fleet is not probed in bursts."""
+"""One timer for the whole fleet: each server polled every poll_interval at its own phase, started in small batches."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import asyncio
+import heapq
+import math
 
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.interval import IntervalTrigger
+import structlog
 
 from ..settings.schema import ServerConfig
 from .shard import phase
 from .watch import Watcher
 
+log = structlog.get_logger("specwatch")
 
-def _job_id(name: str) -> str:
-    return f"watch:{name}"
+BATCH_SECONDS = 0.25
+"""Polls due within this much of each other start together: one wake-up of the event loop starts them all, where a
+timer per server woke it for each (at 1,000 servers a tenth of the daemon's CPU went to waking up). Each poll starts
+at most this late; at 1,000 servers and 15 s, a batch is about 17 polls, well within max_concurrency."""
 
 
 class Schedule:
-    """Keeps one job per watched server, in step with the watcher's config.
+    """Keeps each watched server's next poll, in step with the watcher's config, and starts the polls that are due.
 
-    The job polls every poll_interval and starts the canaries the poll makes due (see cadence.py), so a server that
-    restarts or changes gets its canary within one poll, and a server that is down gets none.
+    Each poll is the watcher's tick: it polls, then starts the canaries the poll made due (see cadence.py), so a
+    server that restarts or changes gets its canary within one poll, and a server that is down gets none.
     """
 
-    def __init__(self, watcher: Watcher, scheduler: AsyncIOScheduler | None = None) -> None:
+    def __init__(self, watcher: Watcher) -> None:
         self.watcher = watcher
-        self.scheduler = scheduler or AsyncIOScheduler(timezone=UTC)
+        self.interval = watcher.settings.poll_interval
+        self._next: dict[str, float] = {}
+        """Each server's next poll, in the event loop's time."""
+        self._heap: list[tuple[float, str]] = []
+        """(time, server) of every next poll; entries that no longer match `_next` are dropped when they come up."""
+        self._ticks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._paused = False
 
     def start(self, servers: list[ServerConfig]) -> None:
         self.sync(servers)
-        self.scheduler.start()
+        self._timer = asyncio.get_running_loop().create_task(self._run(), name="specwatch-schedule")
 
     def shutdown(self) -> None:
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+        """Start no more polls; those in flight are the watcher's to end (Watcher.close)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def pause(self) -> None:
+        """Start no polls until resume(); the ones due meanwhile start at the resume."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._changed.set()
+
+    def next_polls(self) -> dict[str, float]:
+        """Seconds until each server's next poll (negative when it is due)."""
+        now = asyncio.get_running_loop().time()
+        return {name: at - now for name, at in self._next.items()}
 
     def sync(self, servers: list[ServerConfig]) -> None:
-        """Add jobs for new servers, drop those of removed ones, re-time all when the interval changed."""
+        """Add new servers, drop removed ones, re-time all when the interval changed."""
         settings = self.watcher.settings
         interval = settings.poll_interval
+        now = asyncio.get_running_loop().time()
         # A small fleet is probed at once; a fleet larger than the concurrency limit is spread over
         # the interval so requests never queue behind each other.
         spread = len(servers) > settings.max_concurrency
-        wanted = {_job_id(s.name): s.name for s in servers}
-        for job in self.scheduler.get_jobs():
-            if job.id not in wanted:
-                job.remove()
-        now = datetime.now(UTC)
-        for job_id, name in wanted.items():
-            existing = self.scheduler.get_job(job_id)
-            if existing is not None and existing.trigger.interval == timedelta(seconds=interval):
+        retime = interval != self.interval
+        self.interval = interval
+        wanted = {s.name for s in servers}
+        self._next = {name: at for name, at in self._next.items() if name in wanted and not retime}
+        for name in wanted - self._next.keys():
+            at = self._next[name] = now + (phase(name, "poll") * interval if spread else 0.0)
+            heapq.heappush(self._heap, (at, name))
+        if len(self._heap) > 2 * len(self._next) + 64:  # removed servers' entries: keep the heap to the fleet's size
+            self._heap = [(at, name) for name, at in self._next.items()]
+            heapq.heapify(self._heap)
+        self._changed.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._changed.clear()
+            delay = None if self._paused or not self._heap else self._heap[0][0] - loop.time()
+            if delay is None or delay > 0:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._changed.wait()
+                except TimeoutError:
+                    pass
                 continue
-            offset = phase(name, "poll") * interval if spread else 0.0
-            self.scheduler.add_job(
-                self.watcher.tick,
-                IntervalTrigger(seconds=interval, start_date=now + timedelta(seconds=offset), timezone=UTC),
-                args=[name],
-                id=job_id,
-                name=job_id,
-                replace_existing=True,
-                # The watcher skips (and logs once) a poll whose previous one still runs; APScheduler need not warn.
-                max_instances=2,
-                coalesce=True,
-                misfire_grace_time=max(1, int(interval)),
-                next_run_time=now + timedelta(seconds=offset),
-            )
+            self._start_due(loop.time() + BATCH_SECONDS)
+
+    def _start_due(self, until: float) -> None:
+        """Start every poll due before `until`, and set each server's next one an interval after it was due."""
+        heap, interval, now = self._heap, self.interval, asyncio.get_running_loop().time()
+        while heap and heap[0][0] <= until:
+            at, name = heapq.heappop(heap)
+            if self._next.get(name) != at:
+                continue  # removed or re-timed since
+            task = asyncio.ensure_future(self.watcher.tick(name))
+            self._ticks.add(task)
+            task.add_done_callback(self._ended)
+            # A poll that starts late (a busy loop, a pause) keeps its phase: the next one is the first due after now.
+            ahead = at + interval * max(1, math.ceil((now - at) / interval)) if interval > 0 else now + 1.0
+            self._next[name] = ahead
+            heapq.heappush(heap, (ahead, name))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._ticks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            log.error("poll_job_failed", error=f"{error.__class__.__name__}: {str(error)[:200]}")
+
+    def __len__(self) -> int:
+        """Servers with a next poll: the watched ones."""
+        return len(self._next)

@@ -63,10 +63,14 @@ class PerServerTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        origin = (url.raw_scheme, url.raw_host, url.port)
+        pool = await self.pool_for((url.raw_scheme, url.raw_host, url.port))
+        return await pool.handle_async_request(request)
+
+    async def pool_for(self, origin: tuple[bytes, bytes, int | None]) -> _ServerPool:
+        """The pool of one (scheme, host, port), made when first used; pools unused for long are closed meanwhile."""
         pool = self._pools.pop(origin, None)
         if pool is None:
-            pool = _ServerPool(self._ssl_context(url.raw_scheme), self._limits)
+            pool = _ServerPool(self._ssl_context(origin[0]), self._limits)
             if len(self._pools) >= self._max_servers:
                 # Servers dropped by a reload are the least recently used: close their pools.
                 stale = next(iter(self._pools))
@@ -78,7 +82,7 @@ class PerServerTransport(httpx.AsyncBaseTransport):
         if now - self._swept >= IDLE_POOL_SECONDS / 4:
             self._swept = now
             await self._close_idle(now - IDLE_POOL_SECONDS)
-        return await pool.handle_async_request(request)
+        return pool
 
     async def _close_idle(self, before: float) -> None:
         """Close the pools unused since `before` whose connections are all idle; the oldest come first."""

@@ -15,7 +15,7 @@ import httpx
 
 from ..reasons import ProbeFailure, Reason
 from . import client as pools
-from . import sse
+from . import direct, sse
 from .client import PerServerTransport
 from .sse import parse_json
 
@@ -169,21 +169,21 @@ class Fetcher:
     def __init__(self, client: httpx.AsyncClient, max_bytes: int) -> None:
         self.client = client
         self.max_bytes = max_bytes
-        # A client of new_client() is sent to through its transport directly: its auth, redirect, cookie and hook
-        # layers do nothing for it, and with URL parsing they cost about 150 us of CPU per request.
+        # A client of new_client() is sent to through its transport's pools directly (see direct.py): its auth,
+        # redirect, cookie and hook layers do nothing for it, and with URL parsing they cost about 150 us of CPU per request.
         transport = getattr(client, "_transport", None)
         self._direct = transport if isinstance(transport, PerServerTransport) and not client.event_hooks["request"] else None
         self._headers = dict(client.headers)
         # Parsed URLs, in two generations: one unused for an IDLE_POOL_SECONDS is dropped with the older generation,
         # so the URLs of servers that went away do not pile up.
-        self._urls: dict[str, httpx.URL] = {}
-        self._older_urls: dict[str, httpx.URL] = {}
+        self._urls: dict[str, direct.Target] = {}
+        self._older_urls: dict[str, direct.Target] = {}
         self._urls_since = time.monotonic()
 
-    def _url(self, url: str) -> httpx.URL:
+    def _url(self, url: str) -> direct.Target:
         found = self._urls.get(url)
         if found is None:
-            found = self._urls[url] = self._older_urls.get(url) or httpx.URL(url)
+            found = self._urls[url] = self._older_urls.get(url) or direct.Target(url)
         now = time.monotonic()
         if now - self._urls_since >= pools.IDLE_POOL_SECONDS:  # the pools' idle time, read when used
             self._older_urls, self._urls, self._urls_since = self._urls, {}, now
@@ -194,15 +194,8 @@ class Fetcher:
     ) -> httpx.Response:
         """What client.send(client.build_request(...), stream=True) does for a client of new_client()."""
         merged = {**self._headers, **{name.lower(): value for name, value in headers.items()}}
-        limits = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
-        request = httpx.Request(method, self._url(url), headers=merged, json=body, extensions={"timeout": limits})
-        try:
-            response = await transport.handle_async_request(request)
-        except httpx.RequestError as err:
-            err.request = request
-            raise
-        response.request = request
-        return response
+        # An Answer reads as the Response the fetcher would get: status_code, headers.get, aiter_bytes, aclose.
+        return await direct.send(transport, self._url(url), method, merged, timeout, body)  # type: ignore[return-value]
 
     @asynccontextmanager
     async def _open(
