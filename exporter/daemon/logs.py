@@ -28,7 +28,7 @@ def configure(level: str = "info", *, json: bool | None = None, stream: TextIO |
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    # Libraries (asyncio, httpx) log through the standard library: render their records the same way,
+    # Libraries (APScheduler, asyncio, httpx) log through the standard library: render their records the same way,
     # with the logger's name, so a log pipeline never meets a plain-text line.
     handler = logging.StreamHandler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
@@ -40,3 +40,5 @@ def configure(level: str = "info", *, json: bool | None = None, stream: TextIO |
     # The libraries' info lines (every job run) are noise but for debugging; their warnings are worth a line.
     wanted = getattr(logging, level.upper())
     root.setLevel(logging.INFO if wanted <= logging.DEBUG else max(logging.WARNING, wanted))
+    # The fleet's one job runs four times a second: its "Running job" lines would drown a debugging session.
+    logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)

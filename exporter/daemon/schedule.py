@@ -1,12 +1,15 @@
-"""One timer for the whole fleet: each server polled every poll_interval at its own phase, started in small batches."""
+"""One APScheduler job for the whole fleet: each server polled every poll_interval at its own phase, in small batches."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import math
+from datetime import UTC
 
 import structlog
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 
 from ..settings.schema import ServerConfig
 from .shard import phase
@@ -15,9 +18,10 @@ from .watch import Watcher
 log = structlog.get_logger("specwatch")
 
 BATCH_SECONDS = 0.25
-"""Polls due within this much of each other start together: one wake-up of the event loop starts them all, where a
-timer per server woke it for each (at 1,000 servers a tenth of the daemon's CPU went to waking up). Each poll starts
-at most this late; at 1,000 servers and 15 s, a batch is about 17 polls, well within max_concurrency."""
+"""The fleet's one job runs this often and starts every poll due before its next run: one wake-up of the event loop
+starts them all, where a job per server woke it (and went through APScheduler's job store and executor) for each; at
+1,000 servers a tenth of the daemon's CPU went to that. At 1,000 servers and 15 s, a batch is about 17 polls, well
+within max_concurrency."""
 
 
 class Schedule:
@@ -27,27 +31,30 @@ class Schedule:
     server that restarts or changes gets its canary within one poll, and a server that is down gets none.
     """
 
-    def __init__(self, watcher: Watcher) -> None:
+    def __init__(self, watcher: Watcher, scheduler: AsyncIOScheduler | None = None) -> None:
         self.watcher = watcher
+        self.scheduler = scheduler or AsyncIOScheduler(timezone=UTC)
         self.interval = watcher.settings.poll_interval
         self._next: dict[str, float] = {}
         """Each server's next poll, in the event loop's time."""
         self._heap: list[tuple[float, str]] = []
         """(time, server) of every next poll; entries that no longer match `_next` are dropped when they come up."""
         self._ticks: set[asyncio.Task[None]] = set()
-        self._timer: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
         self._paused = False
 
     def start(self, servers: list[ServerConfig]) -> None:
         self.sync(servers)
-        self._timer = asyncio.get_running_loop().create_task(self._run(), name="specwatch-schedule")
+        self.scheduler.add_job(
+            self._batch, IntervalTrigger(seconds=BATCH_SECONDS, timezone=UTC), id="specwatch:polls",
+            name="specwatch:polls", max_instances=1, coalesce=True, misfire_grace_time=None,
+        )
+        self.scheduler.start()
+        self._batch_now()
 
     def shutdown(self) -> None:
         """Start no more polls; those in flight are the watcher's to end (Watcher.close)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
 
     def pause(self) -> None:
         """Start no polls until resume(); the ones due meanwhile start at the resume."""
@@ -55,7 +62,7 @@ class Schedule:
 
     def resume(self) -> None:
         self._paused = False
-        self._changed.set()
+        self._batch_now()
 
     def next_polls(self) -> dict[str, float]:
         """Seconds until each server's next poll (negative when it is due)."""
@@ -80,21 +87,16 @@ class Schedule:
         if len(self._heap) > 2 * len(self._next) + 64:  # removed servers' entries: keep the heap to the fleet's size
             self._heap = [(at, name) for name, at in self._next.items()]
             heapq.heapify(self._heap)
-        self._changed.set()
+        self._batch_now()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._changed.clear()
-            delay = None if self._paused or not self._heap else self._heap[0][0] - loop.time()
-            if delay is None or delay > 0:
-                try:
-                    async with asyncio.timeout(delay):
-                        await self._changed.wait()
-                except TimeoutError:
-                    pass
-                continue
-            self._start_due(loop.time() + BATCH_SECONDS)
+    async def _batch(self) -> None:
+        """The fleet's job: start the polls due before its next run."""
+        self._batch_now()
+
+    def _batch_now(self) -> None:
+        # A server added or resumed is polled at once, not at the job's next run.
+        if self.scheduler.running and not self._paused:
+            self._start_due(asyncio.get_running_loop().time() + BATCH_SECONDS)
 
     def _start_due(self, until: float) -> None:
         """Start every poll due before `until`, and set each server's next one an interval after it was due."""
