@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from .probe.canary import TABLE, Tally
 from .reasons import ProbeFailure, Reason
@@ -59,6 +60,22 @@ class Decision:
     verdict: Verdict
     summary: str
     """One sentence for people: the log, the landing page, `specwatch check`."""
+
+    def onto(self, report: R) -> R:
+        """The report with this decision as its verdict, exit code and summary."""
+        report.verdict, report.exit_code, report.summary = self.verdict.value, self.verdict.exit_code, self.summary
+        return report
+
+
+class Decided(Protocol):
+    """A gate's report: its top-level verdict, exit code and summary, as `specwatch check --json` prints them."""
+
+    verdict: str
+    exit_code: int
+    summary: str
+
+
+R = TypeVar("R", bound=Decided)
 
 
 def _counts(tally: Tally) -> str:

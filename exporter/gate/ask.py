@@ -183,7 +183,7 @@ async def ask(
                     document = await _document(Fetcher(http, MAX_DOCUMENT_BYTES), exporter, query, timeout, spelling)
         except (ExporterUnreachable, ssl.SSLError, OSError) as err:
             message = str(err) if isinstance(err, ExporterUnreachable) else f"cannot use the TLS files for {exporter.url}: {err}"
-            return _decided(report, Decision(Verdict.UNCHECKED, message))
+            return Decision(Verdict.UNCHECKED, message).onto(report)
         watched += len(document.servers)
         candidates += _candidates(document, exporter.url, model)
     report.models = sorted(_merged(candidates), key=lambda m: (SEVERITY.index(Verdict(m.verdict)), m.server, m.model))
@@ -192,8 +192,7 @@ async def ask(
     disagreements = [d for m in report.models if (d := m.disagreement) is not None]
     report.disagreeing = [d.name for d in disagreements]
     decision, exit_code = beside_peers(decision, disagreements)
-    _decided(report, decision)
-    report.exit_code = exit_code
+    decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict
     return report
 
 
@@ -203,10 +202,6 @@ def _describe(selection: dict[str, Any]) -> str:
         parts.append(f"model={selection['model']}")
     return ", ".join(parts) or "everything"
 
-
-def _decided(report: AskReport, decision: Decision) -> AskReport:
-    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
-    return report
 
 
 def render_text(report: AskReport) -> str:

@@ -130,7 +130,7 @@ async def _run(
             endpoints = [e for e in endpoints if TABLE[e].path.startswith("/v1/")]
             if not endpoints:
                 report = CheckReport(url=server.url, gateway=True, unreachable=list(GATEWAY_HIDES))
-                return _decided(report, NO_V1_ENDPOINT_ASKED), None
+                return NO_V1_ENDPOINT_ASKED.onto(report), None
             runner = Runner(Fleet([server], endpoints), fetcher, policy, keys=keys)
             polled = await runner.poll_once_with(server, probes.gateway_poll)
         elif load and server.model and polled.result is not None and polled.result.router \
@@ -138,7 +138,7 @@ async def _run(
             try:
                 await probes.load(fetcher, server, server.model, timeout=timeout, api_key=keys.key_of(server))
             except ProbeFailure as failure:
-                return _decided(CheckReport(url=server.url), load_failed(failure)), None
+                return load_failed(failure).onto(CheckReport(url=server.url)), None
             polled = await runner.poll_once(server)
         for key, model in _state(runner).models.items():
             if model.poll is not None:
@@ -159,7 +159,7 @@ async def _run(
     if gateway:
         report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
         decision = through_a_front_end(decision)
-    return _decided(report, decision), _state(runner)
+    return decision.onto(report), _state(runner)
 
 
 async def _ask_meta(runner: Runner, fetcher: Fetcher, server: ServerConfig, key: str, keys: KeyFiles, timeout: float) -> None:
@@ -218,8 +218,8 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
     report.disagreeing = [d.name for d in disagreements]
     name, decision = worst((r.url, Decision(Verdict(r.verdict), r.summary)) for r in reports)
     decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {len(reports)} checked)")
-    decision, report.exit_code = beside_peers(decision, disagreements)
-    report.verdict, report.summary = decision.verdict.value, decision.summary
+    decision, exit_code = beside_peers(decision, disagreements)
+    decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict
     return report
 
 
@@ -295,10 +295,6 @@ def report_of(server: ServerConfig, state: ServerState, *, key_sent: bool) -> tu
     models = [RouterModel(m.model, m.status == "loaded", d) for m, d in checked]
     return report, router_verdict(models, one_asked=bool(server.model))
 
-
-def _decided(report: CheckReport, decision: Decision) -> CheckReport:
-    report.verdict, report.exit_code, report.summary = decision.verdict.value, decision.verdict.exit_code, decision.summary
-    return report
 
 
 def _endpoint_lines(entries: list[EndpointReport], indent: str) -> list[str]:
