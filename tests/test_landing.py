@@ -42,7 +42,8 @@ def served(make_watcher, tmp_path: Path):
     servers = [{"name": name, "url": f"http://{name}:8080", "labels": {"pool": "eval" if name.startswith("draft") else "serve"}}
                for name in FAKES]
     next(s for s in servers if s["name"] == "locked")["api_key_file"] = str(key)  # a key the server refuses
-    servers.append({"name": NEVER, "url": "http://never:1"})
+    # Never polled, and out of every peer group: the others are compared without waiting for its first poll.
+    servers.append({"name": NEVER, "url": "http://never:1", "peer_group": "none"})
     watcher = make_watcher(FAKES, servers=servers)
 
     async def probe() -> None:
@@ -50,6 +51,7 @@ def served(make_watcher, tmp_path: Path):
             await watcher.poll(name)
             if watcher.fleet.get(name).poll_success:  # as the daemon does: no canary for a server that did not answer
                 await watcher.canary(name)
+        watcher.peers.settle()  # as the daemon's next tick does
 
     asyncio.run(probe())
     exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))

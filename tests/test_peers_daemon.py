@@ -233,3 +233,22 @@ async def test_a_restart_with_the_same_setup_is_not_held_to_the_old_process_answ
     assert watcher.fleet.get("c").model().canaries  # the fill-in verdict of the same setup is kept
     await _rounds(watcher, clock)
     assert _document(watcher, clock)["c"]["agreement"] is True
+
+
+async def test_no_group_is_judged_before_every_server_was_polled_once(watcher_of: Build, clock: FakeClock) -> None:
+    fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None, ftype="Q4_0"),
+             "c": FakeLlama.plain(tokens=None, ftype="Q8_0"), "d": FakeLlama.plain(tokens=None),
+             "e": FakeLlama.plain(tokens=None)}
+    watcher = watcher_of(fakes)
+    # The three that differ answer first: compared alone they have no majority, and a fingerprint counts at once.
+    for name in ("a", "b", "c"):
+        await watcher.poll(name)
+        await watcher.ask_meta(name)
+    watcher.peers.settle()
+    assert all(watcher.fleet.get(n).model().peers is None for n in fakes)
+    for name in ("d", "e"):
+        await watcher.poll(name)
+        await watcher.ask_meta(name)
+    watcher.peers.settle()
+    peers = _document(watcher, clock)
+    assert {n: peers[n]["agreement"] for n in fakes} == {"a": True, "b": False, "c": False, "d": True, "e": True}

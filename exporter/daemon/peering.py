@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from ..peers import Answer, Comparison, Peer, Standing, compare, fresh, member_name
+from ..peers import OPT_OUT, Answer, Comparison, Peer, Standing, compare, fresh, member_name
 from ..state import Fleet, ModelState
 
 log = structlog.get_logger("specwatch")
@@ -35,6 +35,9 @@ class PeerBoard:
         """The answers each member's last comparison saw: any other is fresh for the next one."""
         self._inputs: dict[Member, tuple[object, ...]] = {}
         """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
+        self._unpolled: set[str] = set()
+        """Servers not polled yet since they were added: until each has answered or failed once, a group may be a part
+        of itself (two odd replicas of five, with no majority), and a fingerprint counts at once."""
         self.configured_only = False
         """Sharded: only groups set in the config, which a shard watches whole (shard.shard_key); a group by model
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
@@ -47,9 +50,18 @@ class PeerBoard:
         self._compared_at.clear()
         self._inputs.clear()
 
+    def expect(self, names: set[str]) -> None:
+        """Servers just added: no group is compared before each that may join one was polled once."""
+        for name in names:
+            state = self._fleet.get(name)
+            if state is not None and state.config.peer_group != OPT_OUT:
+                self._unpolled.add(name)
+
     def touch(self, name: str) -> None:
         """The server changed (a poll, a canary, a reload): place its models in their groups, mark those for comparing."""
         state = self._fleet.get(name)
+        if state is None or state.poll_success is not None:
+            self._unpolled.discard(name)
         before = self._by_server.get(name, {})
         now: dict[str, str] = {}
         if state is not None:
@@ -86,6 +98,7 @@ class PeerBoard:
 
     def forget(self, names: set[str]) -> None:
         """Servers a reload removed: they leave their groups."""
+        self._unpolled -= names
         for name in names:
             for key, group in self._by_server.pop(name, {}).items():
                 self._leave(group, (name, key))
@@ -105,7 +118,7 @@ class PeerBoard:
 
     def settle(self) -> None:
         """Compare every group that changed and was not compared too recently."""
-        if not self._dirty:
+        if not self._dirty or self._unpolled:
             return
         now = self._monotonic()
         for group in list(self._dirty):

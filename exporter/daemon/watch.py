@@ -66,6 +66,7 @@ class Watcher(Runner):
         self._streaks: dict[tuple[str, ...], _Streak] = {}
         self.peers = PeerBoard(fleet, monotonic, tolerance=settings.peer_tolerance,
                                confirmations=settings.peer_confirmations, max_gap=settings.poll_interval)
+        self.peers.expect({s.config.name for s in fleet.snapshot()})
 
     @property
     def settings(self) -> Settings:
@@ -96,6 +97,7 @@ class Watcher(Runner):
         self.peers.configure(tolerance=settings.peer_tolerance, confirmations=settings.peer_confirmations,
                              max_gap=settings.poll_interval)
         self.peers.forget(before - names)
+        self.peers.expect(names - before)
         for name in names:
             self.peers.touch(name)  # a peer_group may have changed
 
