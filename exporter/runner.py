@@ -116,6 +116,9 @@ class Runner:
     def _unloaded(self, server: ServerConfig, key: str, change: Change | None) -> None:
         """After a router answered a canary that the model is not loaded."""
 
+    def _meta_asked(self, server: ServerConfig, key: str, measured: Measured[dict[str, str]]) -> None:
+        """After /v1/models' meta of a model was recorded (empty when it could not be read)."""
+
     def _known_slots(self, server: ServerConfig) -> probes.KnownSlots:
         """Which /slots answers the next poll of `server` may reuse: none by default."""
         return probes.ask_always
@@ -135,6 +138,23 @@ class Runner:
                                         duration=measured.duration, now=self._clock())
         self._polled(server, measured, change)
         return measured
+
+    async def meta_once(self, server: ServerConfig) -> None:
+        """/v1/models' meta for each loaded model whose process it was not asked of yet: once per process start or change."""
+        state = self.fleet.get(server.name)
+        if state is None or state.router:
+            return  # a router does not forward /v1/models to a model: its models' fingerprints come from /props alone
+        timeout = self.policy.timeout_for(server, canary=False)
+        for key, model in state.models.items():
+            poll = model.poll
+            if poll is None or not model.loaded or model.meta_for == poll.props.identity:
+                continue
+            props = poll.props
+            measured = await self._measure(lambda props=props: probes.model_meta(
+                self.fetcher, server, props, timeout=timeout, api_key=self.keys.key_of(server)), timeout)
+            # Not asked again before the next process: the fingerprint then goes without what /v1/models would add.
+            self.fleet.record_meta(server.name, key, measured.result or {}, props.identity)
+            self._meta_asked(server, key, measured)
 
     async def round(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint], *, full: bool) -> None:
         """Canary `endpoints` of one model; a full round that leaves a speculating model unproven runs again."""

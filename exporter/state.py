@@ -60,9 +60,9 @@ class ModelState:
     slots_at: float | None = None
     """Unix time /slots was last asked (the poll reuses its answer while /props shows the same process)."""
     seen: tuple[object, ...] | None = None
+    """The setup of the last good poll, kept through failures so a restart with the same setup is told apart."""
     process: str | None = None
     """The media_marker of the last good poll, kept through failures: another one is another process."""
-    """The setup of the last good poll, kept through failures so a restart with the same setup is told apart."""
     full_round_due: str | None = "new"
     """Why a canary of every endpoint is due, if one is: "new" (first seen), "changed" (another build, model, slots,
     context or speculation), "back" (answering again after a failed poll or an unload)."""
@@ -314,15 +314,12 @@ class Fleet:
         return self._update_model(name, key, {"meta": MappingProxyType(dict(meta)), "meta_for": identity})
 
     def record_peers(self, standings: Mapping[tuple[str, str], Standing | None]) -> None:
-        """The standings a comparison gave, by (server, model key), in one update."""
-        servers = dict(self._servers)
+        """The standings a comparison gave, by (server, model key); a standing that did not change writes nothing."""
         for (name, key), standing in standings.items():
-            server = servers.get(name)
+            server = self._servers.get(name)
             model = server.models.get(key) if server is not None else None
-            if server is not None and model is not None and model.peers != standing:
-                servers[name] = server = replace(
-                    server, models=MappingProxyType({**server.models, key: replace(model, peers=standing)}))
-        self._servers = servers
+            if model is not None and model.peers != standing:
+                self._update_model(name, key, {"peers": standing})
 
     def start_round(self, name: str, key: str, *, full: bool, now: float) -> Change | None:
         """A canary round began: the next one is due a canary_interval from now; a full one is no longer due."""

@@ -82,6 +82,8 @@ def _counts(tally: Tally) -> str:
     return f"{tally.fill_ins}/{tally.judged_tokens}"
 
 
+_SPECS = {endpoint.value: spec for endpoint, spec in TABLE.items()}
+"""The canary table by endpoint name, as evidence names them."""
 PROOFS = tuple(sorted({spec.proof for spec in TABLE.values()}, key=lambda proof: proof.tokens))
 """Every kind of canary a server needs, long enough, where speculation cannot be seen (see DraftProof)."""
 
@@ -91,7 +93,7 @@ def _unproven_kinds(endpoints: Sequence[EndpointEvidence]) -> list[str]:
     endpoint had one long enough that the types drafting there would have drafted."""
     proven = set()
     for evidence in endpoints:
-        spec = next((spec for endpoint, spec in TABLE.items() if endpoint.value == evidence.endpoint), None)
+        spec = _SPECS.get(evidence.endpoint)
         if spec is not None and evidence.tally is not None and evidence.tally.tokens >= spec.proof.tokens:
             proven.add(spec.proof)
     return [f"{proof.tokens} tokens or more on a {proof.kind} endpoint "

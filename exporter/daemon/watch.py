@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from ..endpoints import Endpoint
-from ..probe import fetch, probes
+from ..probe import fetch
 from ..probe.canary import Tally
 from ..probe.fetch import Fetcher
 from ..probe.llama import Props, Slots
@@ -122,24 +122,16 @@ class Watcher(Runner):
         self.peers.settle()
 
     async def ask_meta(self, name: str) -> None:
-        """/v1/models' meta for each model whose process it was not asked of yet: once per process start or change."""
+        """/v1/models' meta of the server's models, where their process was not asked yet (Runner.meta_once)."""
         state = self.fleet.get(name)
-        if state is None or state.router:
-            return  # a router does not forward /v1/models to a model: its models' fingerprints come from /props alone
-        timeout = self.settings.timeout_for(state.config, canary=False)
-        for key, model in state.models.items():
-            poll = model.poll
-            if poll is None or not model.loaded or model.meta_for == poll.props.identity:
-                continue
-            props = poll.props
-            measured = await self._measure(lambda props=props: probes.model_meta(
-                self.fetcher, state.config, props, timeout=timeout, api_key=self.keys.key_of(state.config)), timeout)
-            if measured.result is None:
-                log.debug("model_meta_failed", server=name, reason=measured.reason.value if measured.reason else "",
-                          detail=measured.detail)
-            # Not asked again before the next process: the fingerprint then goes without what /v1/models would add.
-            self.fleet.record_meta(name, key, measured.result or {}, props.identity)
-        self.peers.touch(name)
+        if state is not None:
+            await self.meta_once(state.config)
+
+    def _meta_asked(self, server: ServerConfig, key: str, measured: Measured[dict[str, str]]) -> None:
+        if measured.result is None:
+            log.debug("model_meta_failed", server=server.name, reason=measured.reason.value if measured.reason else "",
+                      detail=measured.detail)
+        self.peers.touch(server.name)  # a poll that asked nothing was touched by _polled already
 
     def start_due_rounds(self, name: str) -> None:
         state = self.fleet.get(name)

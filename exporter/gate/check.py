@@ -146,8 +146,8 @@ async def _run(
         one_server = not gateway and polled.result is not None and not polled.result.router
         again = await _polls_anew(server, keys, policy, max_bytes, connect) if one_server else []
         # Last, so the requests a balancer in front sees up to here are a plain check's.
-        for key in _state(runner).models if meta else ():
-            await _ask_meta(runner, fetcher, server, key, keys, timeout)
+        if meta:
+            await runner.meta_once(server)
     state = _state(runner)
     report, decision = report_of(server, state, key_sent=keys.key_of(server) is not None)
     model = state.model()
@@ -160,18 +160,6 @@ async def _run(
         report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
         decision = through_a_front_end(decision)
     return decision.onto(report), _state(runner)
-
-
-async def _ask_meta(runner: Runner, fetcher: Fetcher, server: ServerConfig, key: str, keys: KeyFiles, timeout: float) -> None:
-    """What /v1/models says of the model's file, for its fingerprint; a server that does not say is compared without."""
-    poll = _state(runner).models[key].poll
-    if poll is None:
-        return
-    try:
-        meta = await probes.model_meta(fetcher, server, poll.props, timeout=timeout, api_key=keys.key_of(server))
-    except ProbeFailure:
-        meta = {}
-    runner.fleet.record_meta(CHECKED, key, meta, poll.props.identity)
 
 
 @dataclass
