@@ -80,7 +80,8 @@ else unproven (exit 1).
 exit status:
   0  logprobs are real: every token after the first carries its alternatives
   1  the server serves fill-in logprobs, or speculates (per /slots) without the canary
-     proving its logprobs real: do not score
+     proving its logprobs real, or (several URLs, or --exporter) a replica disagrees with
+     its peers: do not score
   2  could not check: unreachable, unauthorised, no logprobs in the answer, ...; with
      --exporter also: the exporter cannot be asked, nothing matches the selection, or a
      selected verdict is stale (not confirmed by a canary within its bound)
@@ -175,7 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="one-shot verdict for an eval harness: are this server's logprobs real?",
-        description="Poll one llama-server, send it canary logprob requests, and exit 0/1/2 (see below).",
+        description="Poll a llama-server (or several replicas, compared with each other), send each canary logprob "
+                    "requests, and exit 0/1/2 (see below).",
         epilog=EPILOG_CHECK,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
