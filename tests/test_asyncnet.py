@@ -1,4 +1,4 @@
-"""The probes' asyncio transport: HTTPS, refused connections and timeouts map to the same reasons as before."""
+"""The probes' connections on asyncio: HTTPS, refused connections and timeouts map to the same reasons as before."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.probe.asyncnet import AsyncioBackend
-from specwatch.probe.client import _ServerPool, new_client
+from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http1 import OriginPool
 from specwatch.reasons import ProbeFailure, Reason
 from tests.support.certs import make_certs, server_tls
 from tests.support.net import free_port
@@ -38,14 +38,14 @@ async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     server.close()
 
 
-async def test_the_pools_run_on_the_asyncio_backend() -> None:
+async def test_a_refused_connection_leaves_its_pool_free() -> None:
     client = new_client()
-    try:
-        await Fetcher(client, 1 << 20).get_json(f"http://127.0.0.1:{free_port()}/health", headers={}, timeout=2)
-    except ProbeFailure as failure:
-        assert failure.reason is Reason.CONNECTION_REFUSED
+    port = free_port()
+    with pytest.raises(ProbeFailure) as caught:
+        await Fetcher(client, 1 << 20).get_json(f"http://127.0.0.1:{port}/health", headers={}, timeout=2)
+    assert caught.value.reason is Reason.CONNECTION_REFUSED
     pools = list(client._transport._pools.values())  # type: ignore[attr-defined]
-    assert pools and all(isinstance(p, _ServerPool) and isinstance(p._pool._network_backend, AsyncioBackend) for p in pools)
+    assert len(pools) == 1 and isinstance(pools[0], OriginPool) and pools[0].port == port and pools[0].idle
     await client.aclose()
 
 

@@ -1,4 +1,4 @@
-"""Requests sent straight to httpcore's pools read as httpx's did: the request on the wire, encodings, chunks, failures."""
+"""Requests sent straight to the per-server pools read as httpx's did: the request on the wire, encodings, chunks, failures."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Callable
 
-import httpcore
-import httpx
 import pytest
 
-from specwatch.probe import direct
 from specwatch.probe.client import new_client
 from specwatch.probe.fetch import Fetcher
 from specwatch.reasons import ProbeFailure, Reason
@@ -124,18 +121,3 @@ async def test_an_answer_cut_short_fails_as_httpx_failed_it(fetcher: Fetcher) ->
             await fetcher.get_json(f"{server.url}/props", headers={}, timeout=5)
     assert caught.value.reason is Reason.CONNECTION_RESET
     assert caught.value.detail.startswith("RemoteProtocolError: ")  # httpx's name for it, as before
-
-
-@pytest.mark.parametrize(("core", "expected"), [
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout), (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.ConnectError, httpx.ConnectError), (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError), (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError), (httpcore.PoolTimeout, httpx.PoolTimeout),
-])
-def test_httpcore_failures_become_the_httpx_ones_chained_to_them(core: type[Exception], expected: type[Exception]) -> None:
-    original = core("Server disconnected without sending a response.")
-    raised = direct.as_httpx(original)
-    assert type(raised) is expected and str(raised) == str(original)
-    assert raised.__cause__ is original and raised.__context__ is original
-    other = ValueError("not httpcore's")
-    assert direct.as_httpx(other) is other

@@ -17,6 +17,7 @@ from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.exposition.text import TextRenderer
+from specwatch.daemon.peering import SECONDS_PER_MEMBER
 from specwatch.daemon.web import WebApp
 from specwatch.endpoints import Endpoint
 from specwatch.settings.schema import Settings
@@ -96,6 +97,9 @@ async def test_series_per_server(make_watcher) -> None:
     fakes = {"plain": FakeLlama.plain(tokens=8), "draft": FakeLlama.draft(tokens=8)}
     watcher = make_watcher(fakes, canary_tokens=8)
     await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
+    # Canaries ending within SECONDS_PER_MEMBER of each other are compared together at the next tick: this is it.
+    await asyncio.sleep(2 * SECONDS_PER_MEMBER)
+    watcher.peers.settle()
     text = TextRenderer(watcher.fleet, lambda: ExporterStatus(15.0, 60.0)).text().decode()
     series = {name: sum(1 for line in text.splitlines() if line.startswith("specwatch_") and f'server="{name}"' in line)
               for name in fakes}

@@ -206,11 +206,11 @@ def held(rig: Rig) -> Held:
         watcher = daemon.watcher
 
         def busy() -> str:
-            probes, rounds, left = len(watcher._in_flight), len(watcher._rounds), len(specwatch.probe.fetch._detached)
-            return f"probes in flight {probes}, canary rounds {rounds}, exchanges left to end {left}" if probes or rounds or left else ""
+            probes, rounds = len(watcher._in_flight), len(watcher._rounds)
+            return f"probes in flight {probes}, canary rounds {rounds}" if probes or rounds else ""
 
         # A job the scheduler fired just before the pause may not have claimed its probe yet: quiet twice in a row.
-        # Every exchange ends within twice its timeout (fetch._detach), so one still going after that has leaked.
+        # Every exchange ends by its timeout (fetch._bounded), so one still going well after that has leaked.
         deadline = asyncio.get_running_loop().time() + 2 * CANARY_TIMEOUT + 2
         while True:
             await asyncio.sleep(0.1)
@@ -222,12 +222,11 @@ def held(rig: Rig) -> Held:
                 break
         me = asyncio.current_task()
         tasks = len([t for t in asyncio.all_tasks() if t is not me])
-        out = sum(1 for pool in transport._pools.values() for c in pool._pool.connections
-                  if not (c.is_idle() or c.is_closed()))
+        out = sum(pool.checked_out for pool in transport._pools.values())
         return tasks, out, busy()
 
     async def close_idle() -> None:
-        await transport._close_idle(float("inf"))
+        transport._close_idle(float("inf"))
         await asyncio.sleep(0.05)
 
     async def resume() -> None:

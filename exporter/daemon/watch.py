@@ -12,7 +12,6 @@ from typing import Any
 import structlog
 
 from ..endpoints import Endpoint
-from ..probe import fetch
 from ..probe.canary import Tally
 from ..probe.fetch import Fetcher
 from ..probe.llama import Props, Slots
@@ -102,12 +101,11 @@ class Watcher(Runner):
             self.peers.touch(name)  # a peer_group may have changed
 
     async def close(self) -> None:
-        """Cancel the polls and canary rounds in flight, and the exchanges they left running (shutdown)."""
+        """Cancel the polls and canary rounds in flight (shutdown): their exchanges end with them."""
         running = [*self._rounds, *self._polls]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        await fetch.drain()
 
     @contextlib.asynccontextmanager
     async def _gate(self, *, canary: bool) -> AsyncIterator[None]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import AsyncIterator
 
-import httpcore
 import httpx
 
-from .asyncnet import AsyncioBackend
+from .http1 import Answer, OriginPool
 
 USER_AGENT = "specwatch"
 LLAMA_KEEPALIVE_SECONDS = 5.0
@@ -16,26 +16,13 @@ CONNECTIONS_PER_SERVER = 4
 IDLE_POOL_SECONDS = 60.0
 """A server's pool unused this long is closed (a new one costs microseconds): servers dropped by a reload or by
 discovery leave no pool, and no half-closed sockets, behind."""
-_BACKEND = AsyncioBackend()
-
-
-class _ServerPool(httpx.AsyncHTTPTransport):
-    """httpx's transport over one httpcore pool whose connections run on asyncio directly (see asyncnet)."""
-
-    def __init__(self, ssl_context: ssl.SSLContext, limits: httpx.Limits) -> None:  # its own pool: no super().__init__()
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context, max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-            http1=True, http2=False, network_backend=_BACKEND,
-        )
 
 
 class PerServerTransport(httpx.AsyncBaseTransport):
-    """A small connection pool per server origin, found by a dict lookup.
+    """A small connection pool per server origin (http1.OriginPool), found by a dict lookup.
 
-    httpcore's pool scans every pooled connection, and counts the idle ones for each of them, whenever a
-    request starts or ends: one fleet-wide pool of 64 connections cost about 2 ms of CPU per request.
-    Per-origin pools keep that scan to a connection or two and let each server's connection be reused.
+    One fleet-wide pool scans its connections whenever a request starts or ends (httpcore's pool of 64 connections
+    cost about 2 ms of CPU per request); per-origin pools keep that to a connection or two and reuse each server's.
     """
 
     def __init__(
@@ -43,57 +30,61 @@ class PerServerTransport(httpx.AsyncBaseTransport):
     ) -> None:
         self._verify = verify
         self._max_servers = max_servers
-        self._limits = httpx.Limits(
-            max_connections=per_server, max_keepalive_connections=per_server, keepalive_expiry=keepalive_expiry
-        )
-        self._pools: dict[tuple[bytes, bytes, int | None], _ServerPool] = {}
+        self._per_server = per_server
+        self._keepalive_expiry = keepalive_expiry
+        self._pools: dict[tuple[bytes, bytes, int | None], OriginPool] = {}
         self._used: dict[tuple[bytes, bytes, int | None], float] = {}
         self._swept = 0.0
-        self._unused_ssl: ssl.SSLContext | None = None
 
-    def _ssl_context(self, scheme: bytes) -> ssl.SSLContext:
+    def _ssl_context(self, scheme: bytes) -> ssl.SSLContext | None:
         # A context costs memory and, when it verifies, a CA bundle load: one serves every pool.
         if scheme != b"https":
-            if self._unused_ssl is None:
-                self._unused_ssl = httpx.create_ssl_context(verify=False)
-            return self._unused_ssl
+            return None
         if not isinstance(self._verify, ssl.SSLContext):
             self._verify = httpx.create_ssl_context(verify=self._verify)
         return self._verify
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """A request sent through httpx's own client methods (discovery's list): on the same pools."""
         url = request.url
-        pool = await self.pool_for((url.raw_scheme, url.raw_host, url.port))
-        return await pool.handle_async_request(request)
+        timeout = request.extensions.get("timeout", {})
+        seconds = min((v for v in timeout.values() if v is not None), default=30.0)
+        pool = self.pool_for((url.raw_scheme, url.raw_host, url.port))
+        answer = await pool.exchange(request.method.encode("ascii"), url.raw_path, request.headers.raw,
+                                     await request.aread(), seconds)
+        return httpx.Response(status_code=answer.status, headers=answer.headers, stream=BodyStream(answer),
+                              extensions={"http_version": b"HTTP/1.1"})
 
-    async def pool_for(self, origin: tuple[bytes, bytes, int | None]) -> _ServerPool:
+    def pool_for(self, origin: tuple[bytes, bytes, int | None]) -> OriginPool:
         """The pool of one (scheme, host, port), made when first used; pools unused for long are closed meanwhile."""
         pool = self._pools.pop(origin, None)
         if pool is None:
-            pool = _ServerPool(self._ssl_context(origin[0]), self._limits)
+            scheme, host, port = origin
+            pool = OriginPool(host.decode("ascii"), port or (443 if scheme == b"https" else 80),
+                              self._ssl_context(scheme), limit=self._per_server, expiry=self._keepalive_expiry)
             if len(self._pools) >= self._max_servers:
                 # Servers dropped by a reload are the least recently used: close their pools.
                 stale = next(iter(self._pools))
                 self._used.pop(stale, None)
-                await self._pools.pop(stale).aclose()
+                self._pools.pop(stale).close()
         self._pools[origin] = pool  # re-inserted last: the dict's order is least recently used first
         now = time.monotonic()
         self._used[origin] = now
         if now - self._swept >= IDLE_POOL_SECONDS / 4:
             self._swept = now
-            await self._close_idle(now - IDLE_POOL_SECONDS)
+            self._close_idle(now - IDLE_POOL_SECONDS)
         return pool
 
-    async def _close_idle(self, before: float) -> None:
+    def _close_idle(self, before: float) -> None:
         """Close the pools unused since `before` whose connections are all idle; the oldest come first."""
         for origin in list(self._pools):
             if self._used.get(origin, 0.0) >= before:
                 break
             pool = self._pools[origin]
-            if all(connection.is_idle() or connection.is_closed() for connection in pool._pool.connections):
+            if pool.idle:
                 del self._pools[origin]
                 self._used.pop(origin, None)
-                await pool.aclose()
+                pool.close()
 
     def __len__(self) -> int:
         """Pools held: one per server origin used within IDLE_POOL_SECONDS, at most."""
@@ -103,7 +94,21 @@ class PerServerTransport(httpx.AsyncBaseTransport):
         pools, self._pools = self._pools, {}
         self._used.clear()
         for pool in pools.values():
-            await pool.aclose()
+            pool.close()
+
+
+class BodyStream(httpx.AsyncByteStream):
+    """An http1 answer's body as httpx reads a Response's: what httpx decodes (gzip, deflate) or hands to a client."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._answer.chunks():
+            yield chunk
+
+    async def aclose(self) -> None:
+        self._answer.close()
 
 
 class _NoCookies(httpx.Cookies):

@@ -1,8 +1,8 @@
-"""Requests sent straight to a server's httpcore pool: what the fetcher reads of httpx's layers, without them.
+"""Requests sent straight to a server's connection pool: what the fetcher reads of httpx's layers, without them.
 
-httpx builds a Request (headers, URL, stream), wraps httpcore's answer in a Response and runs every chunk through a
-decoder and a chunker: at 1,000 servers that was a sixth of a poll's CPU for nothing a poll needs. Failures are raised
-as the httpx exceptions httpx would raise, chained to httpcore's, so they map to the same reasons.
+httpx builds a Request (headers, URL, stream), wraps the answer in a Response and runs every chunk through a decoder
+and a chunker: at 1,000 servers that was a sixth of a poll's CPU for nothing a poll needs. Failures are the httpx
+exceptions httpx would raise (see http1), so they map to the same reasons.
 """
 
 from __future__ import annotations
@@ -12,47 +12,19 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpcore
 import httpx
 
-from .client import PerServerTransport
+from .client import BodyStream, PerServerTransport
+from .http1 import Answer
 
 ENCODINGS = "gzip, deflate"
 """What an answer may be compressed with: httpx decodes these; any encoding goes through httpx's own Response."""
-
-_MAPPED: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
-    # Most specific first, as httpx picks the most derived match.
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
-def as_httpx(err: Exception) -> Exception:
-    """The httpx exception httpx raises for httpcore's `err` (`err` itself when httpx passes it on), chained to it."""
-    for core, mapped in _MAPPED:
-        if isinstance(err, core):
-            raised = mapped(str(err))
-            raised.__cause__ = raised.__context__ = err
-            return raised
-    return err
 
 
 class Target:
     """One server URL, parsed once: what each request to it is addressed with."""
 
-    __slots__ = ("core", "host", "origin", "url")
+    __slots__ = ("host", "origin", "path", "url")
 
     def __init__(self, url: str) -> None:
         parsed = httpx.URL(url)
@@ -60,7 +32,8 @@ class Target:
         """The httpx URL: what an error message reads its path from (`response.request.url.path`)."""
         self.origin = (parsed.raw_scheme, parsed.raw_host, parsed.port)
         self.host = parsed.netloc
-        self.core = httpcore.URL(scheme=parsed.raw_scheme, host=parsed.raw_host, port=parsed.port, target=parsed.raw_path)
+        self.path = parsed.raw_path
+        """The request target: path and query."""
 
 
 class _Headers:
@@ -79,52 +52,23 @@ class _Headers:
         return default
 
 
-async def _mapped_chunks(stream: Any) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in stream:
-            if chunk:
-                yield chunk
-    except Exception as err:
-        raised = as_httpx(err)
-        if raised is err:
-            raise
-        raise raised from err
-
-
-class Answer:
-    """httpcore's answer with what the fetcher reads of an httpx Response: status_code, headers.get, aiter_bytes, aclose
+class Reply:
+    """An http1 answer with what the fetcher reads of an httpx Response: status_code, headers.get, aiter_bytes, aclose
     and request.url."""
 
-    __slots__ = ("_closed", "_stream", "headers", "request", "status_code")
+    __slots__ = ("_answer", "headers", "request", "status_code")
 
-    def __init__(self, response: httpcore.Response, target: Target) -> None:
-        self.status_code = response.status
-        self.headers = _Headers(response.headers)
+    def __init__(self, answer: Answer, target: Target) -> None:
+        self.status_code = answer.status
+        self.headers = _Headers(answer.headers)
         self.request = target
-        self._stream = response.stream
-        self._closed = False
+        self._answer = answer
 
     def aiter_bytes(self) -> AsyncIterator[bytes]:
-        return _mapped_chunks(self._stream)
+        return self._answer.chunks()
 
     async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._stream.aclose()  # type: ignore[union-attr]
-
-
-class _Stream(httpx.AsyncByteStream):
-    """httpcore's body for an httpx Response, its failures raised as httpx's."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in _mapped_chunks(self._stream):
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
+        self._answer.close()
 
 
 @functools.lru_cache(maxsize=256)
@@ -140,30 +84,19 @@ def _body(value: Any) -> bytes:
 
 async def send(
     transport: PerServerTransport, target: Target, method: str, headers: dict[str, str], timeout: float, body: Any
-) -> Answer | httpx.Response:
+) -> Reply | httpx.Response:
     """Send one request on the server's pool; the answer's headers are read, its body is not."""
     raw = [(b"Host", target.host), *_encoded(tuple(headers.items()))]
     content = b""
     if body is not None:
         content = _body(body)
         raw += [(b"Content-Length", str(len(content)).encode()), (b"Content-Type", b"application/json")]
-    request = httpcore.Request(method.encode("ascii"), target.core, headers=raw, content=content,
-                               extensions={"timeout": {"connect": timeout, "read": timeout, "write": timeout,
-                                                       "pool": timeout}})
-    pool = await transport.pool_for(target.origin)
-    try:
-        response = await pool._pool.handle_async_request(request)
-    except Exception as err:
-        raised = as_httpx(err)
-        if raised is err:
-            raise
-        raise raised from err
-    answer = Answer(response, target)
-    encoding = answer.headers.get("content-encoding")
+    answer = await transport.pool_for(target.origin).exchange(method.encode("ascii"), target.path, raw, content, timeout)
+    reply = Reply(answer, target)
+    encoding = reply.headers.get("content-encoding")
     if encoding is None or encoding.strip().lower() in ("", "identity"):
-        return answer
+        return reply
     # A compressed answer (llama-server built with zlib): httpx's Response decodes it as it always did.
-    decoded = httpx.Response(status_code=response.status, headers=response.headers, stream=_Stream(response.stream),
-                             extensions=response.extensions)
-    decoded.request = target  # type: ignore[assignment]  # read for its url, as an Answer's
+    decoded = httpx.Response(status_code=answer.status, headers=answer.headers, stream=BodyStream(answer))
+    decoded.request = target  # type: ignore[assignment]  # read for its url, as a Reply's
     return decoded

@@ -98,51 +98,13 @@ def _status_reason(status: int) -> Reason | None:
     return Reason.CLIENT_ERROR
 
 
-_detached: set[asyncio.Future[Any]] = set()
-
-
 async def _bounded(exchange: Coroutine[Any, Any, T], timeout: float) -> T:
-    """`exchange` in a task of its own; the caller gets its answer, or TIMEOUT after `timeout`.
-
-    A cancelled httpx request leaves its connection checked out for good when a second cancellation
-    strikes httpcore's cleanup (a deadline and an httpx read timeout landing together, as happens under
-    load): the socket stays open and the server's small pool fills until every request to it times out.
-    So the exchange is not cancelled at its deadline: it is left to end by itself, which it does within
-    about `timeout` (httpx times out each read, and the body loops check the deadline).
-    """
-    task = asyncio.ensure_future(exchange)
+    """`exchange`'s answer, or TIMEOUT after `timeout`: the exchange is cancelled there, its connection closed (http1)."""
     try:
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-    except asyncio.CancelledError:
-        _detach(task, timeout)
-        raise
-    if not done:
-        _detach(task, timeout)
-        raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s")
-    return task.result()
-
-
-def _detach(task: asyncio.Future[Any], timeout: float) -> None:
-    _detached.add(task)  # a reference until it ends, so it is not collected half-way
-    # Only an exchange still running long after its deadline (headers trickling in) is cancelled.
-    last_resort = asyncio.get_running_loop().call_later(2 * timeout, task.cancel)
-    task.add_done_callback(lambda done: _forget(done, last_resort))
-
-
-def _forget(task: asyncio.Future[Any], last_resort: asyncio.TimerHandle) -> None:
-    last_resort.cancel()
-    _detached.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved, so asyncio does not warn about an exception nobody awaited
-
-
-async def drain() -> None:
-    """Cancel the exchanges still running past their deadline, and wait for them: at shutdown, so none is left for the
-    event loop to tear down half-way (an async generator closed while it runs logs an error)."""
-    tasks = list(_detached)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        async with asyncio.timeout(timeout):
+            return await exchange
+    except TimeoutError:
+        raise ProbeFailure(Reason.TIMEOUT, f"no complete answer within {timeout:g}s") from None
 
 
 def _check_deadline(deadline: float, timeout: float) -> None:
