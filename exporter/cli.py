@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from . import loop
 from .daemon.web import DEFAULT_PORT, parse_listen
 from .endpoints import Endpoint
 from .gate.options import (
@@ -275,7 +275,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"specwatch: note: {DEFAULT_TARGET_NOTE}", file=sys.stderr)
         # Discovery sources are read once, as the daemon would at start; what they refuse is logged to stderr.
         logs.configure("warning", json=False, stream=sys.stderr)
-        configured, sources = asyncio.run(preview(settings))
+        configured, sources = loop.run(preview(settings))
         shard = args.shard or settings.shard
         servers = shard_of(configured, shard)
         # A shard's share may be none of the servers: say of how many, so that reads as the arithmetic, not a lost fleet.
@@ -312,7 +312,7 @@ def _run(args: argparse.Namespace) -> int:
         web.admit = web_security.admit
     wrap = web_security.wrap_socket if web_security else None
     try:
-        asyncio.run(daemon.run(host, port, web=web, wrap_socket=wrap))
+        loop.run(daemon.run(host, port, web=web, wrap_socket=wrap))
     except OSError as err:
         print(f"specwatch: cannot listen on {args.listen}: {err.strerror or err}", file=sys.stderr)
         return EX_CONFIG
@@ -336,7 +336,7 @@ def _asked(args: argparse.Namespace) -> int:
 
     exporters = [Exporter(url, args.exporter_username, args.exporter_password_file, args.exporter_ca_file,
                           args.exporter_cert_file, args.exporter_key_file) for url in args.exporters]
-    report = asyncio.run(ask(exporters, servers=args.servers, labels=args.labels, model=args.model, timeout=args.timeout))
+    report = loop.run(ask(exporters, servers=args.servers, labels=args.labels, model=args.model, timeout=args.timeout))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_asked(report))
     return report.exit_code
 
@@ -359,11 +359,11 @@ def _checked(args: argparse.Namespace) -> int:
         return EX_USAGE
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
     if len(servers) > 1:
-        checks = asyncio.run(run_checks(servers, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
+        checks = loop.run(run_checks(servers, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
                                         load=args.load))
         print(json.dumps(checks.as_json(), indent=2) if args.json else render_checks(checks))
         return checks.exit_code
-    report = asyncio.run(run_check(servers[0], endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
+    report = loop.run(run_check(servers[0], endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
                                    load=args.load))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
     return report.exit_code

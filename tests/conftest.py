@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 
 import httpx
 import pytest
 import structlog
 
+from specwatch import loop
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.fetch import Fetcher
 from specwatch.settings.schema import Settings
@@ -33,6 +36,11 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every async test on the loop `specwatch run` makes (specwatch.loop): uvloop's where it is installed."""
+    return {"specwatch": loop.factory()}
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ MAX_LINES = 450
 # form no cycle. Every module has a layer, so a new one is placed on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specwatch", "specwatch.version", "specwatch.reasons", "specwatch.durations", "specwatch.filestamp", "specwatch.problems",
-     "specwatch.endpoints", "specwatch.apikey", "specwatch.peers"),
+     "specwatch.endpoints", "specwatch.apikey", "specwatch.peers", "specwatch.loop"),
     ("specwatch.probe", "specwatch.probe.*"),
     ("specwatch.verdict",),
     ("specwatch.settings", "specwatch.settings.*"),

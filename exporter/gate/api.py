@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .. import loop
 from ..endpoints import Endpoint
 from ..settings.schema import ServerConfig
 from .ask import AskReport, Exporter
@@ -134,9 +135,9 @@ def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coroutine)
+        return loop.run(coroutine)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specwatch") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
+        return pool.submit(loop.run, coroutine).result()
 
 
 def _argument(name: str, parse: Callable[[str], T], value: object) -> T:
