@@ -179,10 +179,24 @@ class ModelState:
             canaries = MappingProxyType({e: _unanswered(c) for e, c in self.canaries.items()})
         else:
             canaries = self.canaries
-        return replace(
+        return self._kept_decision(replace(
             self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen, full_round_due=due,
             slots_at=now if found.slots_asked else self.slots_at, process=process or self.process, canaries=canaries,
-        )
+        ))
+
+    def _decided_from(self) -> tuple[object, ...]:
+        """What evidence() reads: equal for two states, their decisions are equal."""
+        poll = self.poll
+        slots = poll.slots.speculative if poll is not None and poll.slots is not None else None
+        return (self.status, self.poll_failure, poll is None, slots, poll.props.speculative if poll else None,
+                self.endpoints, id(self.canaries))
+
+    def _kept_decision(self, after: ModelState) -> ModelState:
+        """`after`, with this state's decision when it was made and would be made again: a poll that changes nothing
+        the verdict reads (most polls) decides nothing anew."""
+        if "decision" in self.__dict__ and after.canaries is self.canaries and after._decided_from() == self._decided_from():
+            after.__dict__["decision"] = self.__dict__["decision"]  # what cached_property would store
+        return after
 
 
 def _unanswered(canary: CanaryState) -> CanaryState:
