@@ -14,7 +14,8 @@ from pathlib import Path
 
 PY_SPY = "py-spy"
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
-_LIBRARIES = ("httpx", "httpcore", "h11", "anyio", "apscheduler", "structlog", "pydantic", "prometheus_client", "tzlocal")
+_LIBRARIES = ("uvloop", "httpx", "httpcore", "h11", "anyio", "apscheduler", "structlog", "pydantic", "prometheus_client",
+              "tzlocal")
 _STDLIB = {"asyncio": "asyncio/socket", "selectors.py": "asyncio/socket", "socket.py": "asyncio/socket",
            "ssl.py": "asyncio/socket", "json": "json", "gzip.py": "gzip", "logging": "logging", "threading.py": "threads",
            "dataclasses.py": "dataclasses", "copy.py": "dataclasses", "datetime.py": "datetime", "re": "re"}
