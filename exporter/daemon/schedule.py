@@ -22,8 +22,8 @@ BATCH_SECONDS = 1.0
 starts them all, where a job per server woke it (and went through APScheduler's job store and executor) for each; at
 1,000 servers a tenth of the daemon's CPU went to that. Polls started together also share the loop's later wake-ups
 (their connects and answers come back from one epoll wait): batches a second apart cost a quarter less CPU than a
-quarter second apart, and a timer per poll cost half as much again as those (bench/README.md). A poll starts at most this much before its phase;
-at 1,000 servers and 15 s a batch is about 67 polls, near max_concurrency's default."""
+quarter second apart, and a timer per poll half as much again as those (docs/operating.md, Fleet scale). A poll
+starts at most this much before its phase; at 1,000 servers and 15 s a batch is about 67 polls."""
 
 
 class Schedule:
