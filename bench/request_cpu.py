@@ -7,7 +7,6 @@ import asyncio
 import os
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from specwatch.probe import client as pools
 from specwatch.probe import probes
@@ -51,17 +50,13 @@ class _Target:
         self.url, self.model = server.url, None
 
 
-def _known(key: str, props: Any) -> tuple[bool, None]:
-    return False, None  # /slots asked too: a poll of two requests
-
-
 async def measure(servers: Sequence[SimServer], rounds: int, concurrency: int) -> dict[str, list[float]]:
     """Milliseconds of process CPU per server for each way, one figure per round; the ways take turns."""
     fetcher = Fetcher(pools.new_client(), 1 << 20)
     ways: dict[str, Callable[[SimServer], Awaitable[object]]] = {
         "bare exchange, GET /props": bare,
         "fetcher, GET /props": lambda s: fetcher.get_json(f"{s.url}/props", headers={}, timeout=10),
-        "poll, /props + /slots": lambda s: probes.poll(fetcher, _Target(s), timeout=10, known=_known),
+        "poll, /props + /slots": lambda s: probes.poll(fetcher, _Target(s), timeout=10),  # ask_always: /slots too
     }
     limit = asyncio.Semaphore(concurrency)
 

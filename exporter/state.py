@@ -185,11 +185,12 @@ class ModelState:
         ))
 
     def _decided_from(self) -> tuple[object, ...]:
-        """What evidence() reads: equal for two states, their decisions are equal."""
+        """What evidence() reads besides the canaries: equal for two states with the same canaries, their decisions are
+        equal."""
         poll = self.poll
         slots = poll.slots.speculative if poll is not None and poll.slots is not None else None
         return (self.status, self.poll_failure, poll is None, slots, poll.props.speculative if poll else None,
-                self.endpoints, id(self.canaries))
+                self.endpoints)
 
     def _kept_decision(self, after: ModelState) -> ModelState:
         """`after`, with this state's decision when it was made and would be made again: a poll that changes nothing

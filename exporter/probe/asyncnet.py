@@ -126,6 +126,6 @@ async def connect(host: str, port: int, ssl_context: ssl.SSLContext | None, time
                 Received, host, port, ssl=ssl_context, ssl_handshake_timeout=timeout if ssl_context is not None else None)
     except TimeoutError as err:
         raise httpx.ConnectTimeout(f"no connection within {timeout:g}s") from err
-    except (OSError, ssl.SSLError, ConnectionError) as err:
+    except OSError as err:  # ssl.SSLError and ConnectionError among them
         raise httpx.ConnectError(str(err) or err.__class__.__name__) from err
     return transport, protocol

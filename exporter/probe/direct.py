@@ -37,7 +37,7 @@ class Target:
 
 
 class _Headers:
-    """An answer's headers, looked up by name as httpx's are (case-insensitively); the fetcher asks for one or two."""
+    """An answer's headers, looked up by name as httpx's are (case-insensitively: h11 gives the names lower-cased)."""
 
     __slots__ = ("raw",)
 
@@ -47,7 +47,7 @@ class _Headers:
     def get(self, name: str, default: str | None = None) -> str | None:
         key = name.lower().encode()
         for found, value in self.raw:
-            if found.lower() == key:
+            if found == key:
                 return value.decode("latin-1")
         return default
 

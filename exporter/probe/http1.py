@@ -43,22 +43,21 @@ class Connection:
     def close(self) -> None:
         self.transport.close()
 
-    def _send(self, event: h11.Event) -> None:
+    def _bytes(self, event: h11.Event) -> bytes:
         try:
-            data = self.h11.send(event)
+            return self.h11.send(event) or b""
         except h11.LocalProtocolError as err:
             raise chained(httpx.LocalProtocolError(str(err)), err) from None
-        if data:
-            if self.transport.is_closing():
-                raise chained(httpx.WriteError("the connection is closed"), self.protocol.error)
-            self.transport.write(data)
 
     async def request(self, method: bytes, target: bytes, headers: Headers, body: bytes, timeout: float) -> h11.Response:
-        """Send one request and read up to its answer's headers."""
-        self._send(h11.Request(method=method, target=target, headers=list(headers)))
+        """Send one request (its head and body in one write) and read up to its answer's headers."""
+        data = self._bytes(h11.Request(method=method, target=target, headers=list(headers)))
         if body:
-            self._send(h11.Data(data=body))
-        self._send(h11.EndOfMessage())
+            data += self._bytes(h11.Data(data=body))
+        data += self._bytes(h11.EndOfMessage())
+        if self.transport.is_closing():
+            raise chained(httpx.WriteError("the connection is closed"), self.protocol.error)
+        self.transport.write(data)
         await self.protocol.drain(timeout)
         while True:
             event = await self.next_event(timeout, answered=False)
@@ -158,14 +157,12 @@ class OriginPool:
         except BaseException:
             if connection is not None:
                 connection.close()
-            self._busy -= 1
-            self._wake()
+            self._free()
             raise
         return Answer(self, connection, response, timeout)
 
     def release(self, connection: Connection, *, reuse: bool) -> None:
         """An exchange ended: its connection is kept for the next one when both sides are done and it may stay open."""
-        self._busy -= 1
         state = connection.h11
         if reuse and state.our_state is h11.DONE and state.their_state is h11.DONE and not connection.transport.is_closing():
             state.start_next_cycle()
@@ -173,7 +170,7 @@ class OriginPool:
             self._idle.append(connection)
         else:
             connection.close()
-        self._wake()
+        self._free()
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
@@ -197,7 +194,9 @@ class OriginPool:
                         self._waiters.remove(waiter)
         self._busy += 1
 
-    def _wake(self) -> None:
+    def _free(self) -> None:
+        """An exchange's place is free: every waiter looks again."""
+        self._busy -= 1
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
