@@ -71,9 +71,11 @@ async def _between_probes(daemon: Daemon) -> dict[str, Any]:
     nothing of what outlives a server; waiting for them to end, rather than for a while, holds on any machine.
     """
     watcher = daemon.watcher
-    daemon.schedule.scheduler.pause()
+    daemon.schedule.pause()
     try:
-        # Every probe ends within its timeout (fetch._detach: twice it at worst); a wait far beyond is a leak.
+        # Every probe ends within its timeout (fetch._bounded); a wait far beyond is a leak. Polls started just before
+        # the pause take their first step on the loop's next turn, so the wait begins after that turn.
+        await asyncio.sleep(0)
         deadline = asyncio.get_running_loop().time() + 60
         while watcher._in_flight or watcher._rounds:
             assert asyncio.get_running_loop().time() < deadline, f"probes never ended: {sorted(watcher._in_flight)}"
@@ -81,7 +83,7 @@ async def _between_probes(daemon: Daemon) -> dict[str, Any]:
         gc.collect()
         return {"objects": len(gc.get_objects()), "rss_kb": _rss_kb(), **_held(daemon)}
     finally:
-        daemon.schedule.scheduler.resume()
+        daemon.schedule.resume()
 
 
 @pytest.mark.usefixtures("restored_logging")
