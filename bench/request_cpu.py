@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from specwatch.probe import client as pools
 from specwatch.probe import probes
 from specwatch.probe.fetch import Fetcher
+from specwatch.settings.schema import ServerConfig
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimServer
 
 KEEPALIVE_WAIT = 5.6
@@ -45,18 +46,14 @@ async def bare(server: SimServer) -> None:
     transport.close()
 
 
-class _Target:
-    def __init__(self, server: SimServer) -> None:
-        self.url, self.model = server.url, None
-
-
 async def measure(servers: Sequence[SimServer], rounds: int, concurrency: int) -> dict[str, list[float]]:
     """Milliseconds of process CPU per server for each way, one figure per round; the ways take turns."""
     fetcher = Fetcher(pools.new_client(), 1 << 20)
+    configs = {server.url: ServerConfig(name=f"sim{i}", url=server.url) for i, server in enumerate(servers)}
     ways: dict[str, Callable[[SimServer], Awaitable[object]]] = {
         "bare exchange, GET /props": bare,
         "fetcher, GET /props": lambda s: fetcher.get_json(f"{s.url}/props", headers={}, timeout=10),
-        "poll, /props + /slots": lambda s: probes.poll(fetcher, _Target(s), timeout=10),  # ask_always: /slots too
+        "poll, /props + /slots": lambda s: probes.poll(fetcher, configs[s.url], timeout=10),  # ask_always: /slots too
     }
     limit = asyncio.Semaphore(concurrency)
 

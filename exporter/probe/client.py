@@ -52,8 +52,7 @@ class PerServerTransport(httpx.AsyncBaseTransport):
         pool = self.pool_for((url.raw_scheme, url.raw_host, url.port))
         answer = await pool.exchange(request.method.encode("ascii"), url.raw_path, request.headers.raw,
                                      await request.aread(), seconds)
-        return httpx.Response(status_code=answer.status, headers=answer.headers, stream=BodyStream(answer),
-                              extensions={"http_version": b"HTTP/1.1"})
+        return as_response(answer)
 
     def pool_for(self, origin: tuple[bytes, bytes, int | None]) -> OriginPool:
         """The pool of one (scheme, host, port), made when first used; pools unused for long are closed meanwhile."""
@@ -97,8 +96,14 @@ class PerServerTransport(httpx.AsyncBaseTransport):
             pool.close()
 
 
-class BodyStream(httpx.AsyncByteStream):
-    """An http1 answer's body as httpx reads a Response's: what httpx decodes (gzip, deflate) or hands to a client."""
+def as_response(answer: Answer) -> httpx.Response:
+    """An http1 answer as an httpx Response, whose body httpx decodes (gzip, deflate) as it reads it."""
+    return httpx.Response(status_code=answer.status, headers=answer.headers, stream=_BodyStream(answer),
+                          extensions={"http_version": b"HTTP/1.1"})
+
+
+class _BodyStream(httpx.AsyncByteStream):
+    """An http1 answer's body, read as an httpx Response's."""
 
     def __init__(self, answer: Answer) -> None:
         self._answer = answer

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .client import BodyStream, PerServerTransport
+from .client import PerServerTransport, as_response
 from .http1 import Answer
 
 ENCODINGS = "gzip, deflate"
@@ -97,6 +97,6 @@ async def send(
     if encoding is None or encoding.strip().lower() in ("", "identity"):
         return reply
     # A compressed answer (llama-server built with zlib): httpx's Response decodes it as it always did.
-    decoded = httpx.Response(status_code=answer.status, headers=answer.headers, stream=BodyStream(answer))
+    decoded = as_response(answer)
     decoded.request = target  # type: ignore[assignment]  # read for its url, as a Reply's
     return decoded
