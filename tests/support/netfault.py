@@ -297,6 +297,8 @@ class StreamTap:
     def __init__(self) -> None:
         self._streams: dict[int, tuple[int, int, bool]] = {}
         """port -> (streams begun, lines of the latest, whether it ended)."""
+        self._cut: set[tuple[int, int]] = set()
+        """(port, stream number) of every stream that ended in an error (a reset, a timeout) before its answer's end."""
         self._changed = threading.Condition()
 
     def install(self, monkeypatch: Any) -> None:
@@ -305,23 +307,30 @@ class StreamTap:
 
         async def followed(fetcher: Any, response: Any, deadline: float, timeout: float) -> Any:
             port = response.request.url.port
-            tap._note(port, lambda begun, lines, ended: (begun + 1, 0, False))
+            number = tap._note(port, lambda begun, lines, ended: (begun + 1, 0, False))[0]
             try:
                 async for line in original(fetcher, response, deadline, timeout):
                     tap._note(port, lambda begun, lines, ended: (begun, lines + 1, False))
                     yield line
+            except GeneratorExit:
+                raise  # the reader stopped at the answer's end ([DONE]): not cut
+            except BaseException:
+                with tap._changed:
+                    tap._cut.add((port, number))
+                raise
             finally:
                 tap._note(port, lambda begun, lines, ended: (begun, lines, True))
 
         monkeypatch.setattr(specwatch.probe.fetch.Fetcher, "_capped_lines", followed)
 
-    def _note(self, port: int, change: Callable[[int, int, bool], tuple[int, int, bool]]) -> None:
+    def _note(self, port: int, change: Callable[[int, int, bool], tuple[int, int, bool]]) -> tuple[int, int, bool]:
         with self._changed:
-            self._streams[port] = change(*self._streams.get(port, (0, 0, False)))
+            now = self._streams[port] = change(*self._streams.get(port, (0, 0, False)))
             self._changed.notify_all()
+            return now
 
-    def next_stream(self, port: int, lines: int, timeout: float) -> None:
-        """Until a stream from `port` that begins after this call has brought `lines` lines and goes on."""
+    def next_stream(self, port: int, lines: int, timeout: float) -> int:
+        """Until a stream from `port` that begins after this call has brought `lines` lines and goes on; its number."""
         with self._changed:
             begun = self._streams.get(port, (0, 0, False))[0]
 
@@ -331,6 +340,12 @@ class StreamTap:
 
             if not self._changed.wait_for(under_way, timeout):
                 raise AssertionError(f"no new streaming canary to port {port} got {lines} lines within {timeout:g}s")
+            return self._streams[port][0]
+
+    def cut(self, port: int, number: int) -> bool:
+        """Whether stream `number` from `port` ended in an error before its answer's end."""
+        with self._changed:
+            return (port, number) in self._cut
 
 
 @dataclass(frozen=True)
