@@ -12,8 +12,8 @@ from specwatch.demo.llamaserver import LlamaServer, LlamaServerError
 from specwatch.demo.tinymodel import write_cycle_model, write_mtp_cycle_model
 from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import ProbeFailure
 from specwatch.settings.schema import ServerConfig
 

@@ -15,7 +15,7 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.watch import Watcher
 from specwatch.endpoints import Endpoint
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
 from tests.support.fakes import fleet_transport

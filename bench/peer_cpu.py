@@ -12,7 +12,7 @@ import structlog
 
 from specwatch.daemon.peering import PeerBoard
 from specwatch.daemon.watch import Watcher
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
 from tests.support.fakes import fleet_transport

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from specwatch.probe import client as pools
 from specwatch.probe import probes
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import ServerConfig
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimServer
 

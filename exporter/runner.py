@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from .endpoints import Endpoint
 from .probe import probes
 from .probe.canary import Tally
-from .probe.fetch import Fetcher
+from .probe.http.fetch import Fetcher
 from .probe.keyfiles import KeyFiles
 from .reasons import ProbeFailure, Reason
 from .settings.schema import ServerConfig

@@ -1,4 +1,4 @@
-"""Shared fixtures (fake fleets over httpx.MockTransport, a clock the test moves, logging put back) and the suite's workers."""
+"""Shared fixtures (fake fleets on loopback, a clock the test moves, logging put back) and the suite's workers."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import os
 import pathlib
 from collections.abc import Callable
 
-import httpx
 import pytest
 import structlog
 
 from specwatch import loop
 from specwatch.daemon.watch import Watcher
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import Client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
+from tests.support import fakes as fake_fleets
 from tests.support import llamabuild, net
-from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 
 # Most real tests wait on what they started (servers, daemons, intervals going by), not on a CPU: three per CPU halve
@@ -50,19 +50,26 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 async def make_watcher(clock: FakeClock):
-    """Builds watchers over fake fleets; closes every client it opened once the test is done."""
-    clients: list[httpx.AsyncClient] = []
+    """Builds watchers over fake fleets served on loopback; closes every client it opened once the test is done."""
+    clients: list[Client] = []
 
     def build(fakes: dict[str, FakeLlama], **settings_kw: object) -> Watcher:
         servers = settings_kw.pop("servers", None) or [{"name": host, "url": f"http://{host}:8080"} for host in fakes]
         settings = Settings(servers=servers, **settings_kw)
-        client = httpx.AsyncClient(transport=fleet_transport(fakes))
+        client = fake_fleets.fake_fleet(fakes).client()
         clients.append(client)
         return Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes), clock=clock)
 
     yield build
     for client in clients:
         await client.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _fake_fleets_stopped():
+    """Every look-alike a test served on loopback stops with the test."""
+    yield
+    fake_fleets.stop_all()
 
 
 @pytest.fixture

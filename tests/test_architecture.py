@@ -132,7 +132,7 @@ def test_probes_know_no_settings_and_no_metrics_and_settings_know_no_http() -> N
         if module.startswith("specwatch.probe"):
             assert not any(n.startswith(("specwatch.settings", "prometheus_client", "specwatch.daemon")) for n in imported), module
         if module.startswith("specwatch.settings"):
-            assert not any(n.startswith(("httpx", "httpcore", "specwatch.probe.fetch", "specwatch.probe.client"))
+            assert not any(n.startswith(("httpx", "httpcore", "specwatch.probe.http.fetch", "specwatch.probe.http.client"))
                            for n in imported), module
 
 

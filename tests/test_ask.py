@@ -18,7 +18,9 @@ from specwatch.daemon.web import WebApp
 from specwatch.endpoints import Endpoint
 from specwatch.gate.ask import Exporter, ask
 from specwatch.gate.options import PLUGIN
+from specwatch.probe.http.client import Client
 from specwatch.report import read_verdicts
+from tests.support.fakes import serving
 from tests.support.wire import FakeLlama, FakeRouter
 
 
@@ -155,8 +157,8 @@ async def one_clean(make_watcher, clock) -> dict:
     return json.loads(json.dumps(api.verdicts(watcher.fleet.snapshot(), watcher.settings, api.Selection(), clock())))
 
 
-def _answering(document: object) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200, json=document)))
+def _answering(document: object) -> Client:
+    return serving(lambda request: httpx.Response(200, json=document))()
 
 
 async def test_a_newer_daemons_extra_keys_are_read_past(one_clean: dict) -> None:

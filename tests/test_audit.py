@@ -27,9 +27,10 @@ from specwatch.gate.received import AnswerTally, CannotJudge, FillInLogprobs, No
 from specwatch.gate.shapes import shape_of
 from specwatch.probe import probes
 from specwatch.probe.canary import TABLE, classify
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import ServerConfig
 from tests.support import markdown
+from tests.support.fakes import serving
 from tests.support.process import run_measured
 from tests.support.saved import events, saved, sdk_dump, sdk_objects, unit, write_repeated
 from tests.support.wire import FakeLlama
@@ -119,7 +120,7 @@ async def test_the_audit_of_a_canary_answer_counts_what_the_canary_counted(endpo
         bodies.append(response.content)
         return response
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(keep)) as client:
+    async with serving(keep)() as client:
         canary = await probes.canary(Fetcher(client, 1 << 22), ServerConfig(name="a", url="http://a:8080"), endpoint,
                                      tokens=24, timeout=5)
     (body,) = bodies
@@ -161,7 +162,7 @@ async def _canary_and_audit(fake: FakeLlama, endpoint: Endpoint, served: Callabl
         bodies.append(body)
         return httpx.Response(response.status_code, headers={"Content-Type": response.headers["content-type"]}, content=body)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+    async with serving(serve)() as client:
         canary = await probes.canary(Fetcher(client, 1 << 22), ServerConfig(name="a", url="http://a:8080"), endpoint,
                                      tokens=24, timeout=5)
     counted = audited(tmp_path, bodies[-1])

@@ -17,8 +17,8 @@ from specwatch.daemon.watch import Watcher
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet, ModelState
 from specwatch.verdict import Verdict

@@ -9,8 +9,8 @@ import pytest
 from specwatch.daemon.watch import Watcher
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet

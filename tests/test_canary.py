@@ -248,7 +248,7 @@ async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_mod
 
     from specwatch.demo.llamaserver import LlamaServer
     from specwatch.probe import probes
-    from specwatch.probe.fetch import Fetcher
+    from specwatch.probe.http.fetch import Fetcher
     from specwatch.settings.schema import ServerConfig
 
     args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]

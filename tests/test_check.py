@@ -9,15 +9,17 @@ import pytest
 
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
+from specwatch.probe.http.client import Client
 from specwatch.settings.schema import ServerConfig
 from specwatch.verdict import Verdict
+from tests.support.fakes import serving
 from tests.support.wire import FakeLlama
 
 
 async def _check(fake: FakeLlama, **server_kw: object):
     server = ServerConfig(name="check", url="http://srv:8080", **server_kw)
     return await run_check(server, endpoints=list(Endpoint), tokens=16, timeout=5,
-                           connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
+                           connect=serving(fake))
 
 
 async def test_plain_server_is_clean() -> None:
@@ -75,7 +77,7 @@ async def test_pre_sampling_numbers_under_post_sampling_keys_are_never_clean() -
     # Asked only where the values are right, the same build is clean.
     server = ServerConfig(name="check", url="http://srv:8080")
     report = await run_check(server, endpoints=[Endpoint.COMPLETION, Endpoint.CHAT], tokens=16, timeout=5,
-                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
+                             connect=serving(fake))
     assert report.verdict == "clean"
 
 
@@ -113,7 +115,7 @@ async def test_no_logprobs_is_unchecked_not_clean() -> None:
 
     server = ServerConfig(name="check", url="http://srv:8080")
     report = await run_check(server, endpoints=[Endpoint.CHAT, Endpoint.COMPLETION], tokens=8, timeout=5,
-                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(stripped)))
+                             connect=serving(stripped))
     assert (report.verdict, report.exit_code) == ("unchecked", Verdict.UNCHECKED.exit_code)
     assert "no_logprobs" in report.summary
 
@@ -140,7 +142,7 @@ async def test_mixed_failure_never_reads_as_clean(fake: FakeLlama) -> None:
 
     server = ServerConfig(name="check", url="http://srv:8080")
     report = await run_check(server, endpoints=list(Endpoint), tokens=8, timeout=5,
-                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(flaky)))
+                             connect=serving(flaky))
     assert report.exit_code != Verdict.CLEAN.exit_code and calls == 3
 
 
@@ -150,12 +152,12 @@ class Balancer:
     def __init__(self, *replicas: FakeLlama, per: str = "request") -> None:
         self.replicas, self.per, self.turn = replicas, per, 0
 
-    def connect(self) -> httpx.AsyncClient:
+    def connect(self) -> Client:
         if self.per == "connection":
             replica = self.replicas[self.turn % len(self.replicas)]
             self.turn += 1
-            return httpx.AsyncClient(transport=httpx.MockTransport(replica))
-        return httpx.AsyncClient(transport=httpx.MockTransport(self._next))
+            return serving(replica)()
+        return serving(self._next)()
 
     def _next(self, request: httpx.Request) -> httpx.Response:
         replica = self.replicas[self.turn % len(self.replicas)]
@@ -225,7 +227,7 @@ async def test_slots_off_while_a_canary_drafted_is_a_sign(canaried: FakeLlama, v
         return (canaried if request.method == "POST" else plain)(request)
 
     report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=[Endpoint.CHAT], tokens=16, timeout=5,
-                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(route)))
+                             connect=serving(route))
     assert report.verdict == verdict, report.summary
     assert report.signs == ["/slots says speculation is off, yet a canary drafted (timings.draft_n or fill-ins)"]
     assert "answers cannot come from one server: /slots says speculation is off" in report.summary
@@ -238,7 +240,7 @@ async def test_a_canary_answered_by_another_model_is_a_sign() -> None:
         return (other if request.method == "POST" else plain)(request)
 
     report = await run_check(ServerConfig(name="c", url="http://lb:8080"), endpoints=[Endpoint.CHAT], tokens=16, timeout=5,
-                             connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(route)))
+                             connect=serving(route))
     assert report.verdict == "unchecked"
     assert report.signs == ["a canary was answered by model 'qwen3-8b.gguf' where /props says 'tiny.gguf'"]
 
@@ -253,7 +255,7 @@ def _gateway(fake: FakeLlama):
             return httpx.Response(400, json={"error": {"message": "model is required"}})
         return fake(request)
 
-    return lambda: httpx.AsyncClient(transport=httpx.MockTransport(forward))
+    return serving(forward)
 
 
 @pytest.mark.parametrize(("fake", "verdict"), [(FakeLlama.draft(tokens=None), "fill_ins"),
@@ -302,7 +304,7 @@ async def test_the_key_hint_names_the_flags_of_the_front_end_that_checks() -> No
     assert as_check.summary.endswith("; no API key was sent: give --api-key-file or --api-key-env")
     as_plugin = await run_check(ServerConfig(name="check", url="http://srv:8080"), endpoints=list(Endpoint), tokens=16,
                                 timeout=5, spelling=PLUGIN,
-                                connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(FakeLlama.plain(api_key="right"))))
+                                connect=serving(FakeLlama.plain(api_key="right")))
     assert as_plugin.summary.endswith("; no API key was sent: give --specwatch-api-key-file or --specwatch-api-key-env")
 
 
@@ -313,7 +315,7 @@ async def test_each_failed_endpoint_carries_its_closed_set_reason() -> None:
         return FakeLlama.plain()(request)
 
     report = await run_check(ServerConfig(name="c", url="http://s:8080"), endpoints=[Endpoint.CHAT, Endpoint.COMPLETION],
-                             tokens=8, timeout=5, connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(failing)))
+                             tokens=8, timeout=5, connect=serving(failing))
     entries = {e["endpoint"]: e for e in report.as_json()["endpoints"]}
     assert (entries["chat"]["reason"], entries["completion"]["reason"]) == ("loading", None)
 

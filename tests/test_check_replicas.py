@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_checks, run_checks
 from specwatch.settings.schema import ServerConfig
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 
 
 async def _checks(fakes: dict[str, FakeLlama], **kw: object):
     servers = [ServerConfig(name="check", url=f"http://{host}:8080") for host in fakes]
     return await run_checks(servers, endpoints=kw.pop("endpoints", [Endpoint.COMPLETION, Endpoint.CHAT]), tokens=16,
-                            timeout=5, connect=lambda: httpx.AsyncClient(transport=fleet_transport(fakes)), **kw)
+                            timeout=5, connect=lambda: fake_fleet(fakes).client(), **kw)
 
 
 def _requests(fake: FakeLlama, path: str) -> int:
-    return sum(1 for r in fake.requests if r.url.path == path)
+    return sum(1 for r in fake.requests if r.path == path)
 
 
 async def test_replicas_of_one_file_agree_and_pass() -> None:

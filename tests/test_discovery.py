@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import ssl
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,8 @@ from specwatch.daemon.discovery import Discovery, servers_from_groups, targets_o
 from specwatch.problems import ConfigError
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import FileSDConfig, Settings
+from tests.support.certs import make_certs, server_tls
+from tests.support.fakes import fake_fleet
 from tests.support.faults import Redirect, Respond
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
@@ -179,13 +182,17 @@ def test_http_sd_config_refuses_credentials_in_its_url(tmp_path: Path) -> None:
     assert "pass" not in str(caught.value)
 
 
-async def test_sd_out_lists_servers_and_loaded_router_models_and_filters_by_verdict(make_watcher) -> None:
+async def test_sd_out_lists_servers_and_loaded_router_models_and_filters_by_verdict(make_watcher, tmp_path: Path) -> None:
     router = FakeRouter(models={"hot": FakeLlama.draft(), "cold": FakeLlama.plain()}, status={"hot": "loaded"})
-    watcher = make_watcher({"plain": FakeLlama.plain(), "router": router}, servers=[
+    watcher = make_watcher({}, servers=[
         {"name": "plain", "url": "http://plain:8080", "labels": {"pool": "eval"}},
         {"name": "router", "url": "https://router:9443"},
         {"name": "proxied", "url": "http://gateway/llama"},  # behind a path prefix; never polled here
     ], canary_endpoints=["completion"])
+    certs = make_certs(tmp_path, names=("router",))
+    fleet = fake_fleet({"plain": FakeLlama.plain()})
+    fleet.add("router", router, tls=server_tls(certs))
+    watcher.fetcher.client = fleet.client(verify=ssl.create_default_context(cafile=str(certs.ca)))
     for name in ("plain", "router"):
         await watcher.poll(name)
     await watcher.canary("plain")
@@ -198,6 +205,7 @@ async def test_sd_out_lists_servers_and_loaded_router_models_and_filters_by_verd
         {"targets": ["gateway:80"], "labels": {"server": "proxied", "__metrics_path__": "/llama/metrics"}},
     ]
     assert [g["labels"]["server"] for g in targets_out(states, "clean")] == ["plain"]
+    await watcher.fetcher.client.aclose()
     assert [g["labels"]["model"] for g in targets_out(states, "fill_ins")] == ["hot"]
     assert targets_out(states, "unproven") == []
 

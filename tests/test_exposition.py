@@ -18,10 +18,10 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.watch import Watcher
 from specwatch.daemon.web import WebApp
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
@@ -35,7 +35,7 @@ async def _exposition() -> str:
         {"name": "locked", "url": "http://locked:8080"},
     ], canary_endpoints=["chat", "completion_stream"])
     ticks = itertools.count()
-    client = httpx.AsyncClient(transport=fleet_transport(fakes))
+    client = fake_fleet(fakes).client()
     watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes),
                       clock=lambda: 1_700_000_000.0, monotonic=lambda: next(ticks) * 0.25)
     for name in ("plain", "draft", "locked"):

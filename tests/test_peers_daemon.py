@@ -15,11 +15,11 @@ from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.landing import render, rows
 from specwatch.daemon.watch import Watcher
 from specwatch.peers import compare
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
 from tests.conftest import FakeClock
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.metrics import find, parse
 from tests.support.wire import FakeLlama, FakeRouter
 
@@ -34,7 +34,7 @@ async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
     def build(fakes: dict[str, FakeLlama | FakeRouter], servers: list[dict] | None = None, **kw: object) -> Watcher:
         settings = Settings(servers=servers or [{"name": n, "url": f"http://{n}:8080"} for n in fakes],
                             canary_endpoints=kw.pop("canary_endpoints", ["chat", "completion"]), **kw)
-        client = httpx.AsyncClient(transport=fleet_transport(fakes))
+        client = fake_fleet(fakes).client()
         clients.append(client)
         ticks = itertools.count()
         return Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
@@ -99,7 +99,7 @@ async def test_meta_is_asked_once_per_process(watcher_of: Build, clock: FakeCloc
     await _rounds(watcher, clock, times=3)
 
     def asked() -> int:
-        return sum(1 for r in fakes["a"].requests if r.url.path == "/v1/models")
+        return sum(1 for r in fakes["a"].requests if r.path == "/v1/models")
 
     assert asked() == 1
     fakes["a"].media_marker = "<__media_restarted__>"  # the process restarted

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 import structlog
 
 from specwatch.daemon.watch import Watcher
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher, classify_transport_error
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.failures import reason_of
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
@@ -243,12 +244,13 @@ async def test_no_route_to_the_host_is_unreachable_not_a_reset(clients, neighbou
 
 @pytest.mark.parametrize("code", [errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN])
 def test_every_no_route_error_is_unreachable(code: int) -> None:
-    """As asyncnet.connect raises it: httpx's error, from the kernel's OSError."""
+    """As aiohttp raises it, at connect or on a connection that was up: from the kernel's OSError."""
     kernel = OSError(code, f"Connect call failed ('10.0.0.2', 8080): {os.strerror(code)}")
+    assert reason_of(aiohttp.ClientOSError(code, os.strerror(code))) is Reason.UNREACHABLE
     try:
-        raise httpx.ConnectError(str(kernel)) from kernel
-    except httpx.ConnectError as err:
-        assert classify_transport_error(err) is Reason.UNREACHABLE
+        raise aiohttp.ClientOSError(code, str(kernel)) from kernel
+    except aiohttp.ClientOSError as err:
+        assert reason_of(err) is Reason.UNREACHABLE
 
 
 async def test_tls_with_a_certificate_the_client_does_not_trust(clients, neighbour: FaultServer, tmp_path) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import structlog
 
-import specwatch.probe.client
-import specwatch.probe.fetch
+import specwatch.probe.http.client
+import specwatch.probe.http.fetch
 from specwatch.daemon import logs
 from specwatch.daemon.cadence import spacing
 from specwatch.demo.llamaserver import LlamaServer, server_args
@@ -433,7 +433,7 @@ def check(rig: Rig, run: Run, *, poll_reasons: set[str], canary_reasons: set[str
     problems.expect(before.stranded == after.stranded == 0, f"CLOSE_WAIT {before.stranded} -> {after.stranded}")
     problems.expect(sum(after.left_after_close.values()) == sum(before.left_after_close.values()) == 0,
                     f"sockets left once the pools closed {before.left_after_close} -> {after.left_after_close}")
-    problems.expect(all(len(s) <= specwatch.probe.client.CONNECTIONS_PER_SERVER for s in after.sockets.values()),
+    problems.expect(all(len(s) <= specwatch.probe.http.client.CONNECTIONS_PER_SERVER for s in after.sockets.values()),
                     f"sockets {after.sockets}")
     run.figures.update(held_before=before.report(), held_after=after.report())
     print(f"\n{target}: " + "; ".join(f"{k}: {v}" for k, v in run.figures.items()))

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
-
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
 from specwatch.settings.schema import ServerConfig
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama, FakeRouter
 
@@ -33,9 +31,9 @@ async def test_the_daemon_watches_every_loaded_model_and_loads_none(make_watcher
     assert verdicts == {"plain": "clean", "draft": "fill_ins", "cold": "unchecked"}
     assert state.models["cold"].decision.summary.startswith("the model is unloaded, not loaded")
     assert router.loads == [] and router.status["cold"] == "unloaded"
-    named = [r for r in router.requests if r.url.params.get("model") or r.method == "POST"]
-    assert named and all(r.url.params.get("autoload") == "false" for r in named)
-    canaries = [json.loads(r.content) for r in router.requests if r.method == "POST"]
+    named = [r for r in router.requests if r.query.get("model") or r.method == "POST"]
+    assert named and all(r.query.get("autoload") == "false" for r in named)
+    canaries = [r.json() for r in router.requests if r.method == "POST"]
     assert {c["model"] for c in canaries} == {"plain", "draft", "cold"}
 
     samples = parse(exposition(watcher.fleet))
@@ -102,14 +100,14 @@ async def test_the_scheduled_tick_never_canaries_an_unloaded_model(make_watcher)
     watcher = make_watcher({"router": router}, canary_endpoints=["completion"])
     await watcher.tick("router")
     await asyncio.gather(*watcher._rounds)
-    asked = {json.loads(r.content)["model"] for r in router.requests if r.method == "POST"}
+    asked = {r.json()["model"] for r in router.requests if r.method == "POST"}
     assert asked == {"plain", "draft"} and router.loads == []
 
 
 def _check(router: FakeRouter, **server: object) -> object:
     config = ServerConfig(name="check", url="http://router:8080", **server)
     return asyncio.run(run_check(config, endpoints=[Endpoint.COMPLETION, Endpoint.CHAT], tokens=8, timeout=5,
-                                 connect=lambda: httpx.AsyncClient(transport=fleet_transport({"router": router}))))
+                                 connect=lambda: fake_fleet({"router": router}).client()))
 
 
 def test_check_on_a_router_checks_every_loaded_model_and_the_worst_wins() -> None:
@@ -135,7 +133,7 @@ def test_check_loads_a_model_only_when_asked() -> None:
     router = _router()
     config = ServerConfig(name="check", url="http://router:8080", model="cold")
     report = asyncio.run(run_check(config, endpoints=[Endpoint.COMPLETION], tokens=8, timeout=5, load=True,
-                                   connect=lambda: httpx.AsyncClient(transport=fleet_transport({"router": router}))))
+                                   connect=lambda: fake_fleet({"router": router}).client()))
     assert (report.verdict, report.exit_code) == ("clean", 0)
     assert router.loads == ["cold"]
 

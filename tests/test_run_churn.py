@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import specwatch.probe.client
+import specwatch.probe.http.client
 from specwatch.daemon import logs
 from specwatch.daemon.run import Daemon
 from specwatch.settings.loading import load_settings
@@ -89,7 +89,7 @@ async def _between_probes(daemon: Daemon) -> dict[str, Any]:
 @pytest.mark.usefixtures("restored_logging")
 async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An hour of reloads and discovery changes, compressed: pools idle for a second are closed, as after a minute.
-    monkeypatch.setattr(specwatch.probe.client, "IDLE_POOL_SECONDS", 1.0)
+    monkeypatch.setattr(specwatch.probe.http.client, "IDLE_POOL_SECONDS", 1.0)
     with open(os.devnull, "w") as quiet, SimFleetThread(FleetOptions(servers=8, latency_ms=1.0, spec_share=0.5)) as fleet:
         logs.configure("warning", json=True, stream=quiet)
         urls = [s.url for s in fleet.servers]

@@ -20,8 +20,8 @@ from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.run import Daemon
 from specwatch.daemon.watch import Watcher
 from specwatch.endpoints import Endpoint
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import Settings

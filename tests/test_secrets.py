@@ -16,8 +16,8 @@ from specwatch import cli
 from specwatch.daemon.watch import Watcher
 from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.probe.keyfiles import KeyFiles
 from specwatch.reasons import ProbeFailure
 from specwatch.settings.schema import Settings

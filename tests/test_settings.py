@@ -352,7 +352,7 @@ def test_settings_import_no_http_nor_probes_and_probes_import_no_settings() -> N
     script = ("import sys; import specwatch.settings.loading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
               "('httpx', 'httpcore', 'h11') or m.startswith('specwatch.probe'))); "
               "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith('specwatch')]; "
-              "import specwatch.probe.probes, specwatch.probe.keyfiles, specwatch.probe.fetch; "
+              "import specwatch.probe.probes, specwatch.probe.keyfiles, specwatch.probe.http.fetch; "
               "print(sorted(m for m in sys.modules if m.startswith('specwatch.settings')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.splitlines() == ["[]", "[]"]

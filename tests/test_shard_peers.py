@@ -12,11 +12,11 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.run import Daemon
 from specwatch.daemon.watch import Watcher
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
 from tests.conftest import FakeClock
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.metrics import find, parse
 from tests.support.wire import FakeLlama
 
@@ -29,7 +29,7 @@ async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
 
     def build(fakes: dict[str, FakeLlama], servers: list[dict], *, configured_only: bool) -> Watcher:
         settings = Settings(servers=servers, canary_endpoints=["completion"])
-        client = httpx.AsyncClient(transport=fleet_transport(fakes))
+        client = fake_fleet(fakes).client()
         clients.append(client)
         ticks = itertools.count()
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),

@@ -10,9 +10,10 @@ import pytest
 
 from specwatch.gate.audit import read_answers
 from specwatch.gate.received import AnswerTally, NotAnAnswer
-from specwatch.probe.fetch import Fetcher
-from specwatch.probe.sse import Decoder, Event, Item, NotJSON, StreamError, TooLarge, parse_json
+from specwatch.probe.http.fetch import Fetcher
+from specwatch.probe.http.sse import Decoder, Event, Item, NotJSON, StreamError, TooLarge, parse_json
 from specwatch.reasons import ProbeFailure, Reason
+from tests.support.fakes import serving
 
 
 def decoded(lines: list[bytes], max_bytes: int = 1 << 20) -> list[Item]:
@@ -88,7 +89,7 @@ async def _live(transcript: bytes) -> list[object]:
     def serve(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"Content-Type": "text/event-stream"}, content=transcript)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+    async with serving(serve)() as client:
         return await Fetcher(client, 1 << 20).post_events("http://a:8080/completion", {}, headers={}, timeout=5)
 
 

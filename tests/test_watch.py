@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-
-import httpx
+import threading
 
 from specwatch.endpoints import Endpoint
 from specwatch.reasons import Reason
 from specwatch.verdict import Verdict
+from tests.support.fakes import fake_fleet, serving
+from tests.support.loopback import Exchange, FaultServer
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 
@@ -99,25 +100,34 @@ async def test_a_failed_canary_keeps_the_cached_verdict_and_its_age(make_watcher
 
 
 async def test_a_canary_in_flight_is_not_started_again(make_watcher) -> None:
-    gate = asyncio.Event()
-    calls = 0
+    gate = threading.Event()
 
-    async def slow(request: httpx.Request) -> httpx.Response:
-        nonlocal calls
-        calls += 1
-        await gate.wait()
-        return FakeLlama.plain()(request)
+    class Held:
+        """Every canary is held until the test lets it go."""
+
+        async def play(self, exchange: Exchange) -> bool:
+            while not gate.is_set():
+                await asyncio.sleep(0.01)
+            answer = exchange.healthy()
+            exchange.connection.send(answer, exchange.closing)
+            return True
 
     watcher = make_watcher({}, servers=[{"name": "slow", "url": "http://slow:1"}], canary_endpoints=["chat"])
-    watcher.fetcher.client = httpx.AsyncClient(transport=httpx.MockTransport(slow))
-    first = asyncio.create_task(watcher.canary("slow"))
-    await asyncio.sleep(0.05)
-    await watcher.canary("slow")  # returns at once: the first is still in flight
-    assert calls == 1
-    gate.set()
-    await first
-    await watcher.canary("slow")
-    assert calls == 2
+    with FaultServer(FakeLlama.plain()) as slow:
+        slow.play(Held(), "/v1/chat/completions")
+        fleet = fake_fleet({})
+        fleet.names.ports["slow"] = slow.port
+        watcher.fetcher.client = fleet.client()
+        first = asyncio.create_task(watcher.canary("slow"))
+        while slow.count("/v1/chat/completions") < 1:
+            await asyncio.sleep(0.01)
+        await watcher.canary("slow")  # returns at once: the first is still in flight
+        assert slow.count("/v1/chat/completions") == 1
+        gate.set()
+        await first
+        await watcher.canary("slow")
+        assert slow.count("/v1/chat/completions") == 2
+        await watcher.fetcher.client.aclose()
 
 
 async def test_removed_servers_vanish_and_added_ones_appear(make_watcher) -> None:
@@ -159,14 +169,15 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
     import structlog
 
     from specwatch.daemon.watch import REMIND_SECONDS, Watcher
-    from specwatch.probe.fetch import Fetcher
+    from specwatch.probe.http.fetch import Fetcher
     from specwatch.settings.schema import Settings
     from specwatch.state import Fleet
-    from tests.support.fakes import fleet_transport
+    from tests.support.fakes import fake_fleet
 
-    fakes: dict[str, FakeLlama] = {}
+    fleet = fake_fleet({})
+    server = fleet.standby("a", FakeLlama.plain(api_key="k"))  # down until started
     settings = Settings(servers=[{"name": "a", "url": "http://a:8080"}], canary_endpoints=["completion"])
-    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+    async with fleet.client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
                           Fetcher(client, settings.max_response_bytes), clock=clock, monotonic=clock)
         with structlog.testing.capture_logs() as logs:
@@ -174,9 +185,9 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
             for _ in range(polls):
                 await watcher.poll("a")
                 clock.advance(15)
-            fakes["a"] = FakeLlama.plain(api_key="k")  # back, but refusing specwatch: the reason changes
+            server.start()  # back, but refusing specwatch: the reason changes
             await watcher.poll("a")
-            fakes["a"] = FakeLlama.plain()
+            server.site.lookalike.inner = FakeLlama.plain()
             await watcher.poll("a")
     lines = [(e["event"], e.get("reason") or e.get("last_reason")) for e in logs if e["log_level"] in ("warning", "info")
              and e["event"].startswith("poll_")]
@@ -193,25 +204,26 @@ async def test_a_server_going_back_and_forth_between_two_reasons_logs_each_once(
     import structlog
 
     from specwatch.daemon.watch import Watcher
-    from specwatch.probe.fetch import Fetcher
+    from specwatch.probe.http.fetch import Fetcher
     from specwatch.settings.schema import Settings
     from specwatch.state import Fleet
-    from tests.support.fakes import fleet_transport
+    from tests.support.fakes import fake_fleet
 
-    fakes: dict[str, FakeLlama] = {}
+    fleet = fake_fleet({})
+    server = fleet.standby("a", FakeLlama.plain(api_key="k"))
     settings = Settings(servers=[{"name": "a", "url": "http://a:8080"}], canary_endpoints=["completion"])
-    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+    async with fleet.client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
                           Fetcher(client, settings.max_response_bytes), clock=clock, monotonic=clock)
         with structlog.testing.capture_logs() as logs:
             for i in range(12):
                 if i % 2:
-                    fakes["a"] = FakeLlama.plain(api_key="k")
+                    server.start()  # refusing specwatch's key
                 else:
-                    fakes.pop("a", None)
+                    server.stop()  # refusing connections
                 await watcher.poll("a")
                 clock.advance(15)
-            fakes["a"] = FakeLlama.plain()
+            server.site.lookalike.inner = FakeLlama.plain()  # started by the last turn, and now accepting the key
             await watcher.poll("a")
     lines = [(e["event"], e.get("reason") or e.get("last_reason")) for e in logs if e["log_level"] in ("warning", "info")
              and e["event"].startswith("poll_")]
@@ -261,7 +273,7 @@ async def test_periodic_canaries_are_spaced_by_the_configured_token_sizes(make_w
 
 
 def _paths(fake: FakeLlama) -> list[str]:
-    return [r.url.path for r in fake.requests]
+    return [r.path for r in fake.requests]
 
 
 async def test_a_steady_poll_asks_props_alone_and_slots_when_the_process_changes(make_watcher, clock) -> None:
@@ -319,7 +331,7 @@ async def test_check_asks_slots_every_time(clock) -> None:
 
     fake = FakeLlama.plain(tokens=8)
     await run_check(ServerConfig(name="x", url="http://srv:8080"), endpoints=[Endpoint.CHAT], tokens=8, timeout=5,
-                    connect=lambda: httpx.AsyncClient(transport=httpx.MockTransport(fake)))
+                    connect=serving(fake))
     assert _paths(fake)[:2] == ["/props", "/slots"]
 
 

@@ -21,8 +21,8 @@ from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.schedule import Schedule
 from specwatch.daemon.watch import Watcher
-from specwatch.probe.client import new_client
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.client import new_client
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet

@@ -126,7 +126,7 @@ def test_router_health_stays_open_behind_an_api_key() -> None:
         assert client.get("/health").json() == {"status": "ok"}
         assert client.get("/models").status_code == 401
         assert client.get("/props", params={"model": "a"}, headers={"Authorization": "Bearer k"}).json()["model_alias"] == "a"
-    assert [r.url.path for r in fleet.requests] == ["/health", "/models", "/props"]
+    assert [r.path for r in fleet.requests] == ["/health", "/models", "/props"]
 
 
 # ---- one server ---------------------------------------------------------------------------------------------------

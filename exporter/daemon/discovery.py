@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -13,14 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-import httpx
 import structlog
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from ..filestamp import FileStamp, file_stamp
-from ..probe.client import new_client
+from ..probe.http.client import Client, new_client
+from ..probe.http.fetch import Fetcher, HttpStatusFailure
 from ..problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
+from ..reasons import ProbeFailure, Reason
 from ..settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
 from ..state import ServerState
 
@@ -227,7 +227,7 @@ class HttpSource(_Source):
 
     config: HttpSDConfig
 
-    def __init__(self, key: str, config: HttpSDConfig, client: httpx.AsyncClient) -> None:
+    def __init__(self, key: str, config: HttpSDConfig, client: Client) -> None:
         super().__init__(key, config)
         self._client = client
         self._servers: list[ServerConfig] = []
@@ -254,20 +254,12 @@ class HttpSource(_Source):
     async def _fetch(self, where: str) -> Any:
         timeout = self.config.timeout or HTTP_SD_TIMEOUT
         try:
-            async with self._client.stream("GET", self.config.url, timeout=timeout) as response:
-                if response.status_code != 200:
-                    raise ConfigError([f"HTTP {response.status_code}"], where)
-                body = b""
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > MAX_SD_BYTES:
-                        raise ConfigError([f"answer larger than {MAX_SD_BYTES} bytes"], where)
-        except httpx.HTTPError as err:
-            raise ConfigError([f"cannot fetch: {err.__class__.__name__}"], where) from None
-        try:
-            return json.loads(body)
-        except ValueError:
-            raise ConfigError(["not JSON"], where) from None
+            return await Fetcher(self._client, MAX_SD_BYTES).get_json(self.config.url, headers={}, timeout=timeout)
+        except HttpStatusFailure as failure:
+            raise ConfigError([f"HTTP {failure.status}"], where) from None
+        except ProbeFailure as failure:
+            problem = {Reason.BODY_TOO_LARGE: f"answer larger than {MAX_SD_BYTES} bytes", Reason.INVALID_JSON: "not JSON"}
+            raise ConfigError([problem.get(failure.reason, f"cannot fetch: {failure.reason.value}")], where) from None
 
 
 class Discovery:

@@ -28,7 +28,7 @@ def configure(level: str = "info", *, json: bool | None = None, stream: TextIO |
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    # Libraries (APScheduler, asyncio, httpx) log through the standard library: render their records the same way,
+    # Libraries (APScheduler, asyncio, aiohttp) log through the standard library: render their records the same way,
     # with the logger's name, so a log pipeline never meets a plain-text line.
     handler = logging.StreamHandler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(

@@ -11,8 +11,8 @@ from typing import Any
 
 import structlog
 
-from ..probe.client import new_client
-from ..probe.fetch import Fetcher
+from ..probe.http.client import new_client
+from ..probe.http.fetch import Fetcher
 from ..problems import ConfigError
 from ..settings.loading import load_settings
 from ..settings.schema import ServerConfig, Settings, parse_shard

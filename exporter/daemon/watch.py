@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ import structlog
 
 from ..endpoints import Endpoint
 from ..probe.canary import Tally
-from ..probe.fetch import Fetcher
+from ..probe.http.fetch import Fetcher
 from ..probe.llama import Props, Slots
 from ..probe.probes import PLAIN, KnownSlots
 from ..runner import Measured, Runner
@@ -60,8 +60,10 @@ class Watcher(Runner):
         self._set_limits(settings.max_concurrency)
         self._in_flight: set[tuple[str, ...]] = set()
         self._rounds: set[asyncio.Task[None]] = set()
-        self._polls: set[asyncio.Task[object]] = set()
-        """The scheduler's poll jobs in flight, so shutdown can end them."""
+        """The canary rounds the ticks started, in flight."""
+        self._tasks: set[asyncio.Task[object]] = set()
+        """Every tick, poll and canary in flight (the rounds among them), so that close() can end them."""
+        self._closed = False
         self._streaks: dict[tuple[str, ...], _Streak] = {}
         self.peers = PeerBoard(fleet, monotonic, tolerance=settings.peer_tolerance,
                                confirmations=settings.peer_confirmations, max_gap=settings.poll_interval)
@@ -101,11 +103,26 @@ class Watcher(Runner):
             self.peers.touch(name)  # a peer_group may have changed
 
     async def close(self) -> None:
-        """Cancel the polls and canary rounds in flight (shutdown): their exchanges end with them."""
-        running = [*self._rounds, *self._polls]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        """End the ticks, polls and canary rounds in flight (shutdown) and start none after: nothing is sent once it returns."""
+        self._closed = True
+        current = asyncio.current_task()
+        while running := [task for task in (*self._tasks, *self._rounds) if task is not current]:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            self._tasks.difference_update(running)
+            self._rounds.difference_update(running)
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Iterator[None]:
+        """The current task counts as in flight until it ends: close() cancels it and waits for it."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)  # type: ignore[arg-type]
 
     @contextlib.asynccontextmanager
     async def _gate(self, *, canary: bool) -> AsyncIterator[None]:
@@ -114,10 +131,13 @@ class Watcher(Runner):
 
     async def tick(self, name: str) -> None:
         """The scheduled job of one server: poll it, then start the canary rounds that the poll made due."""
-        await self.poll(name)
-        await self.ask_meta(name)
-        self.start_due_rounds(name)
-        self.peers.settle()
+        if self._closed:
+            return
+        with self._tracked():
+            await self.poll(name)
+            await self.ask_meta(name)
+            self.start_due_rounds(name)
+            self.peers.settle()
 
     async def ask_meta(self, name: str) -> None:
         """/v1/models' meta of the server's models, where their process was not asked yet (Runner.meta_once)."""
@@ -133,7 +153,7 @@ class Watcher(Runner):
 
     def start_due_rounds(self, name: str) -> None:
         state = self.fleet.get(name)
-        if state is None:
+        if state is None or self._closed:
             return
         now = self._clock()
         for key, model in state.models.items():
@@ -146,19 +166,17 @@ class Watcher(Runner):
                 task.add_done_callback(self._rounds.discard)
 
     async def poll(self, name: str) -> None:
-        server = self._claim(("poll", name))
+        server = None if self._closed else self._claim(("poll", name))
         if server is None:
             return
-        task = asyncio.current_task()
-        if task is not None:
-            self._polls.add(task)
         try:
-            await self.poll_once(server)
+            with self._tracked():
+                await self.poll_once(server)
         except asyncio.CancelledError:
-            log.debug("poll_cancelled", server=name)  # shutdown or reload: nothing to record
+            log.debug("poll_cancelled", server=name)  # shutdown: nothing to record, and nothing after it
+            raise
         finally:
             self._in_flight.discard(("poll", name))
-            self._polls.discard(task)
 
     def _known_slots(self, server: ServerConfig) -> KnownSlots:
         state, now, max_age = self.fleet.get(server.name), self._clock(), self.settings.canary_interval
@@ -183,16 +201,18 @@ class Watcher(Runner):
         """One canary round on one model (by default the server's configured or only one), every endpoint unless told."""
         state = self.fleet.get(name)
         key = (state.config.model or PLAIN) if key is None and state is not None else key
-        if state is None or key is None or self._claim(("canary", name, key)) is None:
+        if state is None or key is None or self._closed or self._claim(("canary", name, key)) is None:
             return
         try:
             model = state.models.get(key)
             if model is None:
                 return
             plan = rounds or Round(model.endpoints, full=True, rotation=True)
-            await self.round(state.config, key, plan.endpoints, full=plan.full)
+            with self._tracked():
+                await self.round(state.config, key, plan.endpoints, full=plan.full)
         except asyncio.CancelledError:
-            log.debug("canary_cancelled", server=name)  # shutdown or reload: nothing to record
+            log.debug("canary_cancelled", server=name)  # shutdown: nothing to record, and nothing after it
+            raise
         finally:
             self._in_flight.discard(("canary", name, key))
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..daemon.web import parse_listen
@@ -40,7 +40,9 @@ def demo_dependencies() -> Path:
 
 
 def _metrics(url: str) -> dict[tuple[str, frozenset], float]:
-    text = httpx.get(url, timeout=5).text
+    # The demo reads its own exporter's page once in a while, from synchronous code: the standard library does.
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode("utf-8")
     return {
         (s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
     }
@@ -72,7 +74,7 @@ def _wait_for_canaries(metrics_url: str, endpoints: int, timeout: float) -> dict
     while time.monotonic() < deadline:
         try:
             samples = _metrics(metrics_url)
-        except httpx.HTTPError:
+        except OSError:  # urllib's URLError and HTTPError among them
             samples = {}
         # Every canaried model has a result on every endpoint and a verdict; the cold one is never canaried.
         ready = all(

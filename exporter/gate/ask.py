@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import httpx
-
-from ..probe.client import new_client
-from ..probe.fetch import Fetcher
+from ..probe.http.client import Client, new_client
+from ..probe.http.fetch import Fetcher
 from ..reasons import ProbeFailure
 from ..report import VERDICTS_PATH, EndpointEntry, PeersEntry, VerdictsDocument, read_verdicts
 from ..verdict import SEVERITY, Decision, Disagreement, Verdict, beside_peers, held, selection_verdict
@@ -166,7 +164,7 @@ def _merged(candidates: list[ModelVerdict]) -> list[ModelVerdict]:
 
 async def ask(
     exporters: list[Exporter], *, servers: list[str], labels: list[tuple[str, str]], model: str | None, timeout: float,
-    client: httpx.AsyncClient | None = None, spelling: Spelling = CHECK,
+    client: Client | None = None, spelling: Spelling = CHECK,
 ) -> AskReport:
     """The worst verdict of the selection across every exporter; unchecked when an exporter cannot be asked."""
     report = AskReport(exporters=[e.url for e in exporters],

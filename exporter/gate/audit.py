@@ -7,8 +7,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
-from ..probe import sse
-from ..probe.sse import NotJSON, parse_json
+from ..probe.http import sse
+from ..probe.http.sse import NotJSON, parse_json
 from .received import Answers, NotAnAnswer, Outcome, Status
 
 MAX_RECORD = 64 << 20

@@ -6,14 +6,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import httpx
-
 from ..endpoints import Endpoint
 from ..peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE, Comparison, Peer, compare, member_name
 from ..probe import probes
 from ..probe.canary import TABLE
-from ..probe.client import new_client
-from ..probe.fetch import Fetcher
+from ..probe.http.client import Client, new_client
+from ..probe.http.fetch import Fetcher
 from ..probe.keyfiles import KeyFiles
 from ..reasons import ProbeFailure, Reason
 from ..report import EndpointReport, ModelReport, PeersEntry, model_report, peers_entry
@@ -99,7 +97,7 @@ async def run_check(
     tokens: int,
     timeout: float,
     max_bytes: int = 4 * 1024 * 1024,
-    connect: Callable[[], httpx.AsyncClient] = new_client,
+    connect: Callable[[], Client] = new_client,
     load: bool = False,
     spelling: Spelling = CHECK,
 ) -> CheckReport:
@@ -114,7 +112,7 @@ async def run_check(
 
 async def _run(
     server: ServerConfig, *, endpoints: list[Endpoint], tokens: int, timeout: float, max_bytes: int,
-    connect: Callable[[], httpx.AsyncClient], load: bool, spelling: Spelling, meta: bool = False,
+    connect: Callable[[], Client], load: bool, spelling: Spelling, meta: bool = False,
 ) -> tuple[CheckReport, ServerState | None]:
     """run_check, and the state it ended in (None where it stopped before canarying): what a comparison reads, with
     each model's /v1/models meta when `meta` asks for it."""
@@ -183,7 +181,7 @@ Member = tuple[str, ServerState | None]
 
 
 async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
-                     max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], httpx.AsyncClient] = new_client,
+                     max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], Client] = new_client,
                      load: bool = False, confirmations: int = DEFAULT_CONFIRMATIONS,
                      spelling: Spelling = CHECK) -> ChecksReport:
     """Check every server, then compare the models that report the same name as the daemon compares a peer group.
@@ -254,7 +252,7 @@ per request) shows another server's /props to one of them."""
 
 
 async def _polls_anew(
-    server: ServerConfig, keys: KeyFiles, policy: CheckPolicy, max_bytes: int, connect: Callable[[], httpx.AsyncClient]
+    server: ServerConfig, keys: KeyFiles, policy: CheckPolicy, max_bytes: int, connect: Callable[[], Client]
 ) -> list[probes.ServerPoll | Reason]:
     found: list[probes.ServerPoll | Reason] = []
     for _ in range(AGAIN):

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from ..endpoints import Endpoint
 from ..reasons import ProbeFailure, Reason
 from .canary import TABLE, Tally, judge
-from .fetch import Fetcher
+from .http.fetch import Fetcher
 from .llama import (
     Props,
     RouterModel,

@@ -23,9 +23,9 @@ class Certs:
     key: Path
 
 
-def make_certs(directory: Path, *, common_name: str = "specwatch-test") -> Certs:
-    """A throwaway CA and a server certificate for 127.0.0.1/localhost signed by it (PEM files)."""
-    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]
+def make_certs(directory: Path, *, common_name: str = "specwatch-test", names: tuple[str, ...] = ()) -> Certs:
+    """A throwaway CA and a server certificate for 127.0.0.1/localhost (and `names`) signed by it (PEM files)."""
+    sans = [x509.DNSName("localhost"), *(x509.DNSName(n) for n in names), x509.IPAddress(ipaddress.ip_address(HOST))]
     return _issue(directory, "server", common_name, sans, ExtendedKeyUsageOID.SERVER_AUTH)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import specwatch.probe.fetch
+import specwatch.probe.http.fetch
 from specwatch.daemon.run import Daemon
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.settings.loading import load_settings
@@ -302,7 +302,7 @@ class StreamTap:
         self._changed = threading.Condition()
 
     def install(self, monkeypatch: Any) -> None:
-        original = specwatch.probe.fetch.Fetcher._capped_lines
+        original = specwatch.probe.http.fetch.Fetcher._capped_lines
         tap = self
 
         async def followed(fetcher: Any, response: Any, deadline: float, timeout: float) -> Any:
@@ -321,7 +321,7 @@ class StreamTap:
             finally:
                 tap._note(port, lambda begun, lines, ended: (begun, lines, True))
 
-        monkeypatch.setattr(specwatch.probe.fetch.Fetcher, "_capped_lines", followed)
+        monkeypatch.setattr(specwatch.probe.http.fetch.Fetcher, "_capped_lines", followed)
 
     def _note(self, port: int, change: Callable[[int, int, bool], tuple[int, int, bool]]) -> tuple[int, int, bool]:
         with self._changed:

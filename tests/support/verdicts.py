@@ -6,15 +6,13 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-import httpx
-
 from specwatch.daemon import api
 from specwatch.daemon.watch import Watcher
 from specwatch.daemon.web import WebApp
-from specwatch.probe.fetch import Fetcher
+from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from specwatch.state import Fleet
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 
 
@@ -23,7 +21,7 @@ async def serving(fakes: Mapping[str, FakeLlama], labels: Mapping[str, Mapping[s
     """The URL of a daemon watching `fakes` (by name, each with its `labels`), every verdict fresh."""
     servers = [{"name": name, "url": f"http://{name}:8080", "labels": dict(labels.get(name, {}))} for name in fakes]
     settings = Settings(servers=servers, canary_tokens=8, canary_tokens_speculating=8)
-    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+    async with fake_fleet(fakes).client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, settings.max_response_bytes))
         for name in fakes:
             await watcher.poll(name)

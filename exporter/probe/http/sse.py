@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from ..reasons import ProbeFailure, Reason
+from ...reasons import ProbeFailure, Reason
 
 FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":", b"error:")
 """How a line of a server-sent event starts: the spec's fields, a comment, or the `error:` line llama-server once sent."""

@@ -1,0 +1,69 @@
+"""The one HTTP client a process shares: aiohttp, a few connections per server, no redirects, proxies or cookies."""
+
+from __future__ import annotations
+
+import ssl
+from types import TracebackType
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+
+USER_AGENT = "specwatch"
+LLAMA_KEEPALIVE_SECONDS = 5.0
+CONNECTIONS_PER_SERVER = 4
+"""The watcher probes a server with at most one poll and one canary at a time: a few connections always suffice."""
+DNS_CACHE_SECONDS = 30.0
+"""A host name is looked up at most this often: at 1,000 servers a lookup per poll would keep the resolver's few
+threads busy, and a moved server is found again within this."""
+
+
+class Client:
+    """aiohttp's session and connector, made on first use inside the running loop (aiohttp binds them to it)."""
+
+    def __init__(self, *, verify: bool | ssl.SSLContext = True, resolver: AbstractResolver | None = None) -> None:
+        self._verify = verify
+        self._resolver = resolver
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The session every request goes through."""
+        if self._session is None:
+            # llama-server closes a connection idle for 5 s (it answers "Keep-Alive: timeout=5"); reusing one near that
+            # moment races its close, so idle connections are given up a second earlier.
+            connector = aiohttp.TCPConnector(
+                limit=0,  # the watcher's semaphore bounds the total, and can change on reload
+                limit_per_host=CONNECTIONS_PER_SERVER,
+                keepalive_timeout=LLAMA_KEEPALIVE_SECONDS - 1.0,
+                ttl_dns_cache=DNS_CACHE_SECONDS,
+                ssl=self._verify,
+                resolver=self._resolver,
+            )
+            # No cookie jar: llama-server sets none, and a jar would hand one server's cookie to every other server on
+            # the same host, as cookies ignore ports. trust_env=False: HTTP(S)_PROXY and .netrc are never read.
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": USER_AGENT},
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def new_client(*, verify: bool | ssl.SSLContext = True) -> Client:
+    """The one client a process shares: a few connections per server, no redirects, no proxies from the environment."""
+    return Client(verify=verify)
