@@ -15,7 +15,7 @@ from specwatch.probe import probes
 from specwatch.probe.http.client import new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import ProbeFailure
-from specwatch.settings.schema import ServerConfig
+from specwatch.settings.targets import ServerConfig
 
 # Every speculation type that drafts without a second model (and draft-simple, MTP), plus a plain server that must
 # never show a fill-in.

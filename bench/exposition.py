@@ -9,6 +9,7 @@ import time
 
 import httpx
 
+from specwatch.core.state import Fleet
 from specwatch.daemon import logs
 from specwatch.daemon.cadence import Round
 from specwatch.daemon.exposition.samples import ExporterStatus
@@ -17,7 +18,6 @@ from specwatch.daemon.watch import Watcher
 from specwatch.endpoints import Endpoint
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.simfleet import FleetOptions, is_speculating, lookalike
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 
 from bench.canary_economy import Scraper, specwatch, spread
+from specwatch.core.peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
-from specwatch.peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
 from specwatch.settings.schema import DEFAULT_CANARY_INTERVAL, DEFAULT_POLL_INTERVAL
 from tests.support.metrics import Samples, find, parse
 from tests.support.replicas import ALIAS, requantize

@@ -10,11 +10,11 @@ import time
 import httpx
 import structlog
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.peering import PeerBoard
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.fakes import fleet_transport
 from tests.support.wire import FakeLlama
 

@@ -87,7 +87,7 @@ def table(result: Split, *, top: int = 16) -> list[str]:
     lines = [f"{'component':<34} {'own %':>6} {'inclusive %':>11}"]
     for name, count in result.own.most_common(top):
         lines.append(f"{name:<34} {100 * count / result.samples:>6.1f} {100 * result.inclusive[name] / result.samples:>11.1f}")
-    for name in ("httpx", "httpcore", "apscheduler", "specwatch.state", "specwatch.daemon.exposition"):
+    for name in ("httpx", "httpcore", "apscheduler", "specwatch.core.state", "specwatch.daemon.exposition"):
         if name not in dict(result.own.most_common(top)) and result.inclusive[name]:
             lines.append(f"{name:<34} {100 * result.own[name] / result.samples:>6.1f} "
                          f"{100 * result.inclusive[name] / result.samples:>11.1f}")

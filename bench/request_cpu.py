@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from specwatch.probe import client as pools
 from specwatch.probe import probes
 from specwatch.probe.http.fetch import Fetcher
-from specwatch.settings.schema import ServerConfig
+from specwatch.settings.targets import ServerConfig
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimServer
 
 KEEPALIVE_WAIT = 5.6

@@ -7,11 +7,11 @@ import typing as _typing
 from .version import __version__
 
 if _typing.TYPE_CHECKING:
+    from .core.report import EndpointReport, ModelReport
     from .gate.api import aask, acheck, ask, check
     from .gate.ask import AskReport, ModelVerdict
     from .gate.check import CheckReport
     from .gate.received import AnswerTally, CannotJudge, FillInLogprobs, NotAnAnswer, Status, require_real, tally
-    from .report import EndpointReport, ModelReport
 
 __all__ = [
     "AnswerTally",
@@ -41,7 +41,7 @@ _HOMES = {
     "CheckReport": "specwatch.gate.check",
     **dict.fromkeys(("AnswerTally", "CannotJudge", "FillInLogprobs", "NotAnAnswer", "Status", "require_real", "tally"),
                     "specwatch.gate.received"),
-    **dict.fromkeys(("EndpointReport", "ModelReport"), "specwatch.report"),
+    **dict.fromkeys(("EndpointReport", "ModelReport"), "specwatch.core.report"),
 }
 
 # Hidden from type checkers, which read the imports above: to them a misspelt name is an error, not Any.

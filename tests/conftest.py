@@ -12,11 +12,11 @@ import pytest
 import structlog
 
 from specwatch import loop
+from specwatch.core.state import Fleet
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.client import Client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support import fakes as fake_fleets
 from tests.support import llamabuild, net
 from tests.support.wire import FakeLlama

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from specwatch.durations import parse_duration
 from specwatch.endpoints import Endpoint
-from specwatch.probe.answers import Reading, Token
 from specwatch.probe.canary import TABLE, classify
 from specwatch.probe.http.fetch import parse_json
 from specwatch.probe.llama import MAX_LABEL_CHARS, MAX_SLOTS, model_names, parse_props, parse_slots
+from specwatch.probe.readers import Reading, Token
 from specwatch.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 

@@ -17,11 +17,13 @@ MAX_LINES = 450
 # form no cycle. Every module has a layer, so a new one is placed on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specwatch", "specwatch.version", "specwatch.reasons", "specwatch.durations", "specwatch.filestamp", "specwatch.problems",
-     "specwatch.endpoints", "specwatch.apikey", "specwatch.peers", "specwatch.loop"),
+     "specwatch.endpoints", "specwatch.apikey", "specwatch.loop"),
+    # How to speak HTTP, then what llama-server says over it.
+    ("specwatch.probe.http", "specwatch.probe.http.*"),
     ("specwatch.probe", "specwatch.probe.*"),
-    ("specwatch.verdict",),
     ("specwatch.settings", "specwatch.settings.*"),
-    ("specwatch.state", "specwatch.report", "specwatch.runner"),
+    # The spine: what specwatch knows of each server and decides of it, and the one runner.
+    ("specwatch.core", "specwatch.core.*"),
     # The two wings over one core: the eval side and the daemon; neither imports the other (see WINGS).
     ("specwatch.gate", "specwatch.gate.*", "specwatch.daemon", "specwatch.daemon.*"),
     ("specwatch.demo", "specwatch.demo.*"),
@@ -126,14 +128,23 @@ def test_only_the_exposition_imports_prometheus_client_in_the_runtime() -> None:
     assert {m for m in importers if not m.startswith(("specwatch.daemon.exposition.", "specwatch.demo"))} == set()
 
 
+def test_one_way_to_speak_http() -> None:
+    """Every request to a server goes through probe/http (aiohttp); no second client hides anywhere in the package."""
+    assert {m for m in _importers_of("aiohttp") if not m.startswith("specwatch.probe.http")} == set()
+    assert _importers_of("httpx") | _importers_of("h11") | _importers_of("httpcore") | _importers_of("requests") == set()
+    # The standard library's client, from synchronous code, reads only what specwatch started itself: the image's
+    # HEALTHCHECK asks its own exporter, the demo its exporter and the llama-servers it launched.
+    assert _importers_of("urllib.request") | _importers_of("http.client") == {
+        "specwatch.daemon.healthcheck", "specwatch.demo", "specwatch.demo.llamaserver"}
+
+
 def test_probes_know_no_settings_and_no_metrics_and_settings_know_no_http() -> None:
     for module in _modules():
         imported = _imports(_modules()[module])
         if module.startswith("specwatch.probe"):
             assert not any(n.startswith(("specwatch.settings", "prometheus_client", "specwatch.daemon")) for n in imported), module
         if module.startswith("specwatch.settings"):
-            assert not any(n.startswith(("httpx", "httpcore", "specwatch.probe.http.fetch", "specwatch.probe.http.client"))
-                           for n in imported), module
+            assert not any(n.startswith(("aiohttp", "httpx", "specwatch.probe")) for n in imported), module
 
 
 def test_the_wings_never_import_each_other() -> None:

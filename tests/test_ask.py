@@ -13,13 +13,13 @@ import pytest
 
 import specwatch
 from specwatch.cli import main
+from specwatch.core.report import read_verdicts
 from specwatch.daemon import api
 from specwatch.daemon.web import WebApp
 from specwatch.endpoints import Endpoint
 from specwatch.gate.ask import Exporter, ask
 from specwatch.gate.options import PLUGIN
 from specwatch.probe.http.client import Client
-from specwatch.report import read_verdicts
 from tests.support.fakes import serving
 from tests.support.wire import FakeLlama, FakeRouter
 

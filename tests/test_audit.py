@@ -28,7 +28,7 @@ from specwatch.gate.shapes import shape_of
 from specwatch.probe import probes
 from specwatch.probe.canary import TABLE, classify
 from specwatch.probe.http.fetch import Fetcher
-from specwatch.settings.schema import ServerConfig
+from specwatch.settings.targets import ServerConfig
 from tests.support import markdown
 from tests.support.fakes import serving
 from tests.support.process import run_measured

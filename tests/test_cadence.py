@@ -7,13 +7,13 @@ import math
 import random
 from dataclasses import replace
 
+from specwatch.core.state import CanaryState, ModelState
 from specwatch.daemon.cadence import MAX_STRETCH, due, spacing
 from specwatch.endpoints import Endpoint
 from specwatch.probe.canary import Tally
 from specwatch.probe.llama import Props, Slots
 from specwatch.probe.probes import ModelPoll, PollResult
 from specwatch.reasons import Reason
-from specwatch.state import CanaryState, ModelState
 
 ENDPOINTS = (Endpoint.COMPLETION, Endpoint.CHAT, Endpoint.CHAT_STREAM)
 INTERVAL = 60.0

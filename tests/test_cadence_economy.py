@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from specwatch.core.state import Fleet, ModelState
+from specwatch.core.verdict import Verdict
 from specwatch.daemon.cadence import spacing
 from specwatch.daemon.schedule import Schedule
 from specwatch.daemon.watch import Watcher
@@ -20,8 +22,6 @@ from specwatch.endpoints import Endpoint
 from specwatch.probe.http.client import new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet, ModelState
-from specwatch.verdict import Verdict
 from tests.support.router import PREDICTED, ROUTER_MODEL, Router, counters
 from tests.support.waiting import wait_until_async
 

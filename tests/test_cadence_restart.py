@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.watch import Watcher
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
@@ -13,7 +14,6 @@ from specwatch.probe.http.client import new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 
 pytestmark = pytest.mark.real
 

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from specwatch.endpoints import Endpoint
-from specwatch.probe.answers import Reading, Token
 from specwatch.probe.canary import TABLE, classify, judge
+from specwatch.probe.readers import Reading, Token
 from specwatch.reasons import ProbeFailure, Reason
 from tests.support.wire import FakeLlama
 
@@ -249,7 +249,7 @@ async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_mod
     from specwatch.demo.llamaserver import LlamaServer
     from specwatch.probe import probes
     from specwatch.probe.http.fetch import Fetcher
-    from specwatch.settings.schema import ServerConfig
+    from specwatch.settings.targets import ServerConfig
 
     args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]
     with LlamaServer(cycle_model, args) as server:

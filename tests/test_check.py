@@ -7,11 +7,11 @@ import json
 import httpx
 import pytest
 
+from specwatch.core.verdict import Verdict
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
 from specwatch.probe.http.client import Client
-from specwatch.settings.schema import ServerConfig
-from specwatch.verdict import Verdict
+from specwatch.settings.targets import ServerConfig
 from tests.support.fakes import serving
 from tests.support.wire import FakeLlama
 

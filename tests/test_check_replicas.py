@@ -8,7 +8,7 @@ import pytest
 
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_checks, run_checks
-from specwatch.settings.schema import ServerConfig
+from specwatch.settings.targets import ServerConfig
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 

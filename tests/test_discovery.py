@@ -15,7 +15,8 @@ import yaml
 from specwatch.daemon.discovery import Discovery, servers_from_groups, targets_out
 from specwatch.problems import ConfigError
 from specwatch.settings.loading import load_settings
-from specwatch.settings.schema import FileSDConfig, Settings
+from specwatch.settings.schema import Settings
+from specwatch.settings.targets import FileSDConfig
 from tests.support.certs import make_certs, server_tls
 from tests.support.fakes import fake_fleet
 from tests.support.faults import Redirect, Respond

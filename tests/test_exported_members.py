@@ -45,7 +45,7 @@ def test_each_name_resolves_to_its_homes_object(name: str) -> None:
     home = type_checked()[name]
     assert value is getattr(importlib.import_module(home), name)
     # The API is the eval side's and the core's: never the daemon's, whose import would start what a harness never needs.
-    assert home.startswith(("specwatch.gate.", "specwatch.report")), home
+    assert home.startswith(("specwatch.gate.", "specwatch.core.report")), home
 
 
 def test_type_checkers_read_what_runs() -> None:

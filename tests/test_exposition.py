@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.discovery import SourceStatus
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
@@ -20,7 +21,6 @@ from specwatch.daemon.watch import Watcher
 from specwatch.daemon.web import WebApp
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 
@@ -72,8 +72,8 @@ def test_no_sample_carries_a_timestamp() -> None:
 
 def test_endpoint_serves_metrics_landing_page_and_health() -> None:
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
+    from specwatch.core.verdict import Verdict
     from specwatch.daemon import landing
-    from specwatch.verdict import Verdict
 
     reloads = []
     row = landing.Row(server="a<b>", url="http://h:1", verdict=Verdict.UNCHECKED, summary="not polled yet", poll="not polled")

@@ -112,7 +112,7 @@ async def test_series_per_server(make_watcher) -> None:
 
 @pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])
 def test_the_endpoint_serves_gzip_that_decompresses_to_the_plain_answer(accept: str | None) -> None:
-    from specwatch.state import Fleet
+    from specwatch.core.state import Fleet
 
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
     app = WebApp(exposition.scrape, page=lambda: "", reload=lambda: None)
@@ -218,7 +218,7 @@ def test_the_text_format_is_served_to_every_scraper_that_accepts_it(accept: str 
     """Prometheus lists OpenMetrics first but accepts the text format, which the incremental renderer serves; rendering
     OpenMetrics means collecting every family afresh (1.5 s at 1,000 servers), so only a scraper that asks for nothing
     else gets it, as Go exporters do unless told otherwise."""
-    from specwatch.state import Fleet
+    from specwatch.core.state import Fleet
 
     exposition = Exposition(Fleet(Settings().servers), lambda: ExporterStatus(15.0, 60.0))
     collected = []

@@ -10,7 +10,7 @@ import structlog
 import yaml
 
 from specwatch.probe.keyfiles import KeyFiles
-from specwatch.settings.schema import ServerConfig
+from specwatch.settings.targets import ServerConfig
 from tests.support.loopback import FaultServer
 from tests.support.metrics import scrape, value
 from tests.support.process import ExporterProcess

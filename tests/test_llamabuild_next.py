@@ -12,15 +12,15 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from specwatch.core.report import endpoint_state
+from specwatch.core.verdict import Verdict
 from specwatch.daemon.landing import rows
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import cycle_text, write_cycle_model
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import CheckReport, render_text, run_check
 from specwatch.gate.options import DEFAULT_TOKENS
-from specwatch.report import endpoint_state
-from specwatch.settings.schema import ServerConfig
-from specwatch.verdict import Verdict
+from specwatch.settings.targets import ServerConfig
 from tests.support.llamabuild import (
     FILL_PRE_SAMPLING_ENV,
     FILL_PROBS_ENV,

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from specwatch.endpoints import Endpoint
-from specwatch.peers import (
+from specwatch.core.peers import (
     FINGERPRINT,
     LOGPROBS,
     OPT_OUT,
     TOKENS,
-    Answer,
     Fingerprint,
     Peer,
-    answer_of,
     compare,
     group_of,
 )
-from specwatch.probe.answers import Token, completion_reader, read_choice, stream_reader
+from specwatch.endpoints import Endpoint
 from specwatch.probe.canary import CHUNKS, classify
+from specwatch.probe.logprobs import Logprobs, logprobs_of
+from specwatch.probe.readers import Token, completion_reader, read_choice, stream_reader
 
 Q4KM = Fingerprint(build="b1", file="gemma-Q4_K_M.gguf", ftype="Q4_K - Medium", size="253", n_params="268",
                    n_vocab="262144", n_ctx_train="32768", n_embd="640")
@@ -28,11 +27,11 @@ TEXT = ("the", " cat", " sat", " on")
 
 
 def answer(values: tuple[float | None, ...] = (-0.1, -0.2, -0.3, -0.4), tokens: tuple[str, ...] = TEXT,
-           alternatives: tuple[tuple[object, ...], ...] | None = None) -> Answer:
-    return Answer(tokens, values, alternatives if alternatives is not None else tuple(() for _ in tokens))
+           alternatives: tuple[tuple[object, ...], ...] | None = None) -> Logprobs:
+    return Logprobs(tokens, values, alternatives if alternatives is not None else tuple(() for _ in tokens))
 
 
-def peers(*answers: Answer, fingerprints: tuple[Fingerprint | None, ...] = ()) -> dict[str, Peer]:
+def peers(*answers: Logprobs, fingerprints: tuple[Fingerprint | None, ...] = ()) -> dict[str, Peer]:
     found = fingerprints or (None,) * len(answers)
     return {f"r{i}": Peer(fp, {"chat": a} if a is not None else {}) for i, (a, fp) in enumerate(zip(answers, found, strict=True))}
 
@@ -128,7 +127,7 @@ def test_logprobs_within_the_tolerance_agree(moved: float, tolerance: float, agr
 
 
 def test_alternatives_are_compared_by_their_text() -> None:
-    def with_top(value: float) -> Answer:
+    def with_top(value: float) -> Logprobs:
         return answer(alternatives=(("the", -0.1, "a", value), (), (), ()))
 
     result = compare(peers(with_top(-2.0), with_top(-2.0), with_top(-3.0)), tolerance=0.5, confirmations=1)
@@ -173,13 +172,13 @@ def _entry(text: str, logprob: float, top: list[tuple[str, float]]) -> dict:
 def test_a_chat_answer_brings_its_texts_values_and_alternatives() -> None:
     body = {"choices": [{"logprobs": {"content": [_entry("the", -0.1, [("the", -0.1), ("a", -2.5)]),
                                                   _entry(" cat", 0.0, [])]}}]}
-    got = classify(read_choice(body)).answer
-    assert got == Answer(("the", " cat"), (-0.1, None), (("the", -0.1, "a", -2.5), ()))
+    got = classify(read_choice(body)).logprobs
+    assert got == Logprobs(("the", " cat"), (-0.1, None), (("the", -0.1, "a", -2.5), ()))
 
 
 def test_a_post_sampling_answer_brings_logprobs() -> None:
     body = {"completion_probabilities": [{"id": 1, "token": "x", "prob": 0.5, "top_probs": [{"token": "x", "prob": 0.5}]}]}
-    got = classify(completion_reader(post_sampling=True)(body)).answer
+    got = classify(completion_reader(post_sampling=True)(body)).logprobs
     assert got is not None and got.tokens == ("x",)
     assert got.values[0] == pytest.approx(-0.6931, abs=1e-4) and got.alternatives[0][1] == pytest.approx(-0.6931, abs=1e-4)
 
@@ -187,25 +186,25 @@ def test_a_post_sampling_answer_brings_logprobs() -> None:
 def test_a_stream_fill_in_keeps_its_text() -> None:
     events = [{"choices": [{"delta": {"content": "the"}, "logprobs": {"content": [_entry("the", -0.1, [("the", -0.1)])]}}]},
               {"choices": [{"delta": {"content": " cat"}}]}]
-    got = classify(stream_reader(CHUNKS[Endpoint.CHAT_STREAM])(events)).answer
-    assert got == Answer(("the", " cat"), (-0.1, None), (("the", -0.1), ()))
+    got = classify(stream_reader(CHUNKS[Endpoint.CHAT_STREAM])(events)).logprobs
+    assert got == Logprobs(("the", " cat"), (-0.1, None), (("the", -0.1), ()))
 
 
 def test_the_legacy_completion_shape_brings_texts() -> None:
     body = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25],
                                       "top_logprobs": [{"a": -0.5}, {"b": -0.25, "c": -3.0}]}}]}
-    got = classify(read_choice(body)).answer
-    assert got == Answer(("a", "b"), (-0.5, -0.25), (("a", -0.5), ("b", -0.25, "c", -3.0)))
+    got = classify(read_choice(body)).logprobs
+    assert got == Logprobs(("a", "b"), (-0.5, -0.25), (("a", -0.5), ("b", -0.25, "c", -3.0)))
 
 
-def test_answer_of_uses_the_classifiers_fill_in_rule() -> None:
+def test_logprobs_of_uses_the_classifiers_fill_in_rule() -> None:
     tokens = [Token(-0.1, 3, text="a"), Token(0.0, 0, text="b"), Token(-0.2, 3, marked=True, text="c"), Token(-0.3, 3, text="d")]
-    assert answer_of(tokens).values == (-0.1, None, None, -0.3)
+    assert logprobs_of(tokens).values == (-0.1, None, None, -0.3)
 
 
 def test_the_verdicts_document_shows_a_comparison_counted_only_once_confirmed() -> None:
-    from specwatch.peers import Comparison
-    from specwatch.report import peers_entry
+    from specwatch.core.peers import Comparison
+    from specwatch.core.report import peers_entry
 
     pending = Comparison(False, TOKENS, ("a",), None, streak=1, confirmed=False, detail="chat: token 1 is 'x', 'y' elsewhere")
     shown = peers_entry("gemma", pending, 3)
@@ -219,7 +218,7 @@ def test_the_verdicts_document_shows_a_comparison_counted_only_once_confirmed() 
 def test_the_verdicts_document_reads_back_a_peers_object() -> None:
     from dataclasses import asdict
 
-    from specwatch.report import read_verdicts
+    from specwatch.core.report import read_verdicts
 
     model = {"model": "gemma", "status": "loaded", "verdict": "clean", "key": "", "age_seconds": 1.0,
              "poll_age_seconds": 1.0, "max_age_seconds": 9.0, "max_poll_age_seconds": 9.0, "fresh": True,
@@ -243,7 +242,7 @@ def test_the_verdicts_document_reads_back_a_peers_object() -> None:
     ([(2.0, 3), (1.0, 3)], 1.5),
 ])
 def test_the_median_weighs_each_distinct_answer_by_its_members(values: list[tuple[float, int]], middle: float) -> None:
-    from specwatch.peers import _median
+    from specwatch.core.peers import _median
 
     assert _median(values) == middle
 

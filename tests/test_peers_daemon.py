@@ -9,15 +9,15 @@ import httpx
 import pytest
 import structlog
 
+from specwatch.core.peers import compare
+from specwatch.core.state import Fleet
 from specwatch.daemon.api import Selection, verdicts
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.landing import render, rows
 from specwatch.daemon.watch import Watcher
-from specwatch.peers import compare
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.conftest import FakeClock
 from tests.support.fakes import fake_fleet
 from tests.support.metrics import find, parse

@@ -13,13 +13,13 @@ import aiohttp
 import pytest
 import structlog
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.client import new_client
 from specwatch.probe.http.failures import reason_of
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import CloseAtOnce, Hang, Huge, Mutate, Raw, Redirect, Reset, Respond, Status, Trickle, Truncated
 from tests.support.loopback import FaultServer

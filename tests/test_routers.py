@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
-from specwatch.settings.schema import ServerConfig
+from specwatch.settings.targets import ServerConfig
 from tests.support.fakes import fake_fleet
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama, FakeRouter

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
@@ -25,7 +26,6 @@ from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.net import free_port
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimFleetThread, build_config, write_config
 from tests.support.wire import FakeLlama

@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 from specwatch import cli
+from specwatch.core.state import Fleet
 from specwatch.daemon.watch import Watcher
 from specwatch.endpoints import Endpoint
 from specwatch.probe import probes
@@ -21,7 +22,6 @@ from specwatch.probe.http.fetch import Fetcher
 from specwatch.probe.keyfiles import KeyFiles
 from specwatch.reasons import ProbeFailure
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.certs import make_certs, server_tls
 from tests.support.faults import Hang, Respond, Seen
 from tests.support.loopback import FaultServer

@@ -12,7 +12,7 @@ from pydantic import SecretStr, ValidationError
 
 from specwatch.probe.keyfiles import KeyFiles
 from specwatch.problems import ConfigError
-from specwatch.settings import schema
+from specwatch.settings import targets
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import NO_SERVERS, Settings, parse_shard
 
@@ -284,13 +284,13 @@ def test_settings_are_the_same_inside_and_outside_load_settings(tmp_path: Path, 
     builds = {"default": lambda: Settings(), "bad": lambda: Settings(servers=[], poll_interval="banana"),
               "some": lambda: Settings(servers=[{"name": "x", "url": "http://x:1"}], poll_timeout="20s")}
     inside: dict[str, object] = {}
-    real_read = schema.read_key_file
+    real_read = targets.read_key_file
 
     def read_and_build(path: Path) -> str:  # runs while load_settings validates
         inside.update({name: _outcome(build) for name, build in builds.items()})
         return real_read(path)
 
-    monkeypatch.setattr(schema, "read_key_file", read_and_build)
+    monkeypatch.setattr(targets, "read_key_file", read_and_build)
     loaded = _load(tmp_path, f"servers:\n  - {{name: a, url: 'http://h:1', api_key_file: {key}}}\npoll_interval: 10s\n")
     assert loaded.poll_interval == 30.0 and not loaded.default_target
     outside = {name: _outcome(build) for name, build in builds.items()}

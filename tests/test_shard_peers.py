@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.run import Daemon
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.conftest import FakeClock
 from tests.support.fakes import fake_fleet
 from tests.support.metrics import find, parse

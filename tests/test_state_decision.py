@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
+from specwatch.core.state import CanaryState, ModelState
+from specwatch.core.verdict import Verdict, decide
 from specwatch.endpoints import Endpoint
 from specwatch.probe.canary import Tally
 from specwatch.probe.llama import Props, Slots
 from specwatch.probe.probes import ModelPoll, PollResult
-from specwatch.state import CanaryState, ModelState
-from specwatch.verdict import Verdict, decide
 
 ENDPOINTS = (Endpoint.COMPLETION, Endpoint.CHAT)
 

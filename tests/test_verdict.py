@@ -7,9 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from specwatch.probe.canary import Tally
-from specwatch.reasons import ProbeFailure, Reason
-from specwatch.verdict import (
+from specwatch.core.verdict import (
     NO_V1_ENDPOINT_ASKED,
     NOTHING_LOADED,
     SEVERITY,
@@ -30,6 +28,8 @@ from specwatch.verdict import (
     worst,
     worth_another_pass,
 )
+from specwatch.probe.canary import Tally
+from specwatch.reasons import ProbeFailure, Reason
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 
@@ -245,8 +245,8 @@ def test_props_types_are_a_comma_list_where_any_name_but_none_is_speculation(typ
 
 
 async def test_an_unknown_type_in_props_is_shown_and_counted_as_speculation(make_watcher) -> None:
+    from specwatch.core.report import model_report
     from specwatch.daemon.landing import rows
-    from specwatch.report import model_report
 
     watcher = make_watcher({"srv": FakeLlama.draft(tokens=8, props_types="none,draft-tomorrow")}, canary_tokens=8)
     await watcher.poll("srv")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from specwatch.core.verdict import Verdict
 from specwatch.endpoints import Endpoint
 from specwatch.reasons import Reason
-from specwatch.verdict import Verdict
 from tests.support.fakes import fake_fleet, serving
 from tests.support.loopback import Exchange, FaultServer
 from tests.support.metrics import exposition, parse, value
@@ -168,10 +168,10 @@ async def test_a_dead_server_logs_when_it_fails_changes_recovers_and_every_ten_m
     """Not nine warnings a minute forever: one when the trouble starts, a reminder every REMIND_SECONDS, one at the end."""
     import structlog
 
+    from specwatch.core.state import Fleet
     from specwatch.daemon.watch import REMIND_SECONDS, Watcher
     from specwatch.probe.http.fetch import Fetcher
     from specwatch.settings.schema import Settings
-    from specwatch.state import Fleet
     from tests.support.fakes import fake_fleet
 
     fleet = fake_fleet({})
@@ -203,10 +203,10 @@ async def test_a_server_going_back_and_forth_between_two_reasons_logs_each_once(
     change made a line every other poll for as long as the link stayed down."""
     import structlog
 
+    from specwatch.core.state import Fleet
     from specwatch.daemon.watch import Watcher
     from specwatch.probe.http.fetch import Fetcher
     from specwatch.settings.schema import Settings
-    from specwatch.state import Fleet
     from tests.support.fakes import fake_fleet
 
     fleet = fake_fleet({})
@@ -327,7 +327,7 @@ async def test_a_sleeping_server_is_left_asleep(make_watcher, clock) -> None:
 
 async def test_check_asks_slots_every_time(clock) -> None:
     from specwatch.gate.check import run_check
-    from specwatch.settings.schema import ServerConfig
+    from specwatch.settings.targets import ServerConfig
 
     fake = FakeLlama.plain(tokens=8)
     await run_check(ServerConfig(name="x", url="http://srv:8080"), endpoints=[Endpoint.CHAT], tokens=8, timeout=5,

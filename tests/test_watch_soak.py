@@ -17,6 +17,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.schedule import Schedule
@@ -25,7 +26,6 @@ from specwatch.probe.http.client import new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.net import stranded_socket_inodes
 from tests.support.process import favoured
 

@@ -6,11 +6,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..core.report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report, peers_entry
+from ..core.state import ModelState, ServerState
+from ..core.verdict import Freshness, Verdict
 from ..probe.llama import names_of
-from ..report import EndpointEntry, ModelEntry, ServerEntry, VerdictsDocument, model_report, peers_entry
 from ..settings.schema import Settings
-from ..state import ModelState, ServerState
-from ..verdict import Freshness, Verdict
 from ..version import __version__
 from .cadence import freshness_bound
 

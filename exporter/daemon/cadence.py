@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.state import ModelState
 from ..endpoints import Endpoint
 from ..probe.llama import Props, Slots
 from ..settings.schema import Settings
-from ..state import ModelState
 
 DEFAULT_TOKENS: int = Settings.model_fields["canary_tokens"].default
 DEFAULT_TOKENS_SPECULATING: int = Settings.model_fields["canary_tokens_speculating"].default

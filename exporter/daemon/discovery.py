@@ -16,13 +16,14 @@ import structlog
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from ..core.state import ServerState
 from ..filestamp import FileStamp, file_stamp
 from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher, HttpStatusFailure
 from ..problems import ConfigError, parse_yaml, problem_lines, refusal, yaml_problem
 from ..reasons import ProbeFailure, Reason
-from ..settings.schema import FileSDConfig, HttpSDConfig, ServerConfig, Settings
-from ..state import ServerState
+from ..settings.schema import Settings
+from ..settings.targets import FileSDConfig, HttpSDConfig, ServerConfig
 
 log = structlog.get_logger("specwatch")
 MAX_SD_BYTES = 16 * 1024 * 1024

@@ -7,10 +7,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..peers import DEFAULT_CONFIRMATIONS
-from ..report import PeersEntry, endpoint_state, model_report, peers_entry
-from ..state import ServerState
-from ..verdict import SEVERITY, Verdict
+from ..core.report import PeersEntry, endpoint_state, model_report, peers_entry
+from ..core.state import ServerState
+from ..core.verdict import SEVERITY, Verdict
+from ..settings.schema import DEFAULT_CONFIRMATIONS
 from ..version import __version__
 
 

@@ -6,8 +6,9 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from ..peers import OPT_OUT, Answer, Comparison, Peer, Standing, compare, fresh, member_name
-from ..state import Fleet, ModelState
+from ..core.peers import OPT_OUT, Comparison, Peer, Standing, compare, fresh, member_name
+from ..core.state import Fleet, ModelState
+from ..probe.logprobs import Logprobs
 
 log = structlog.get_logger("specwatch")
 SECONDS_PER_MEMBER = 0.01
@@ -31,7 +32,7 @@ class PeerBoard:
         """Each server's models by key, with their group."""
         self._dirty: set[str] = set()
         self._compared_at: dict[str, float] = {}
-        self._seen: dict[Member, Mapping[str, Answer]] = {}
+        self._seen: dict[Member, Mapping[str, Logprobs]] = {}
         """The answers each member's last comparison saw: any other is fresh for the next one."""
         self._inputs: dict[Member, tuple[object, ...]] = {}
         """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""

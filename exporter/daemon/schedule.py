@@ -11,7 +11,7 @@ import structlog
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from ..settings.schema import ServerConfig
+from ..settings.targets import ServerConfig
 from .shard import phase
 from .watch import Watcher
 

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from ..peers import OPT_OUT
+from ..core.peers import OPT_OUT
 
 T = TypeVar("T")
 

@@ -11,15 +11,16 @@ from typing import Any
 
 import structlog
 
+from ..core.runner import Measured, Runner
+from ..core.state import Change, Fleet, ModelState
+from ..core.verdict import Verdict
 from ..endpoints import Endpoint
 from ..probe.canary import Tally
 from ..probe.http.fetch import Fetcher
 from ..probe.llama import Props, Slots
 from ..probe.probes import PLAIN, KnownSlots
-from ..runner import Measured, Runner
-from ..settings.schema import ServerConfig, Settings
-from ..state import Change, Fleet, ModelState
-from ..verdict import Verdict
+from ..settings.schema import Settings
+from ..settings.targets import ServerConfig
 from .cadence import Round, due, slots_known
 from .peering import PeerBoard
 

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from ..report import VERDICTS_PATH
-from ..verdict import Verdict
+from ..core.report import VERDICTS_PATH
+from ..core.verdict import Verdict
 from ..version import __version__
 
 if TYPE_CHECKING:

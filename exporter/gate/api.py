@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from .. import loop
 from ..endpoints import Endpoint
-from ..settings.schema import ServerConfig
+from ..settings.targets import ServerConfig
 from .ask import AskReport, Exporter
 from .ask import ask as ask_exporters
 from .check import CheckReport, run_check

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from ..core.report import VERDICTS_PATH, EndpointEntry, PeersEntry, VerdictsDocument, read_verdicts
+from ..core.verdict import SEVERITY, Decision, Disagreement, Verdict, beside_peers, held, selection_verdict
 from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher
 from ..reasons import ProbeFailure
-from ..report import VERDICTS_PATH, EndpointEntry, PeersEntry, VerdictsDocument, read_verdicts
-from ..verdict import SEVERITY, Decision, Disagreement, Verdict, beside_peers, held, selection_verdict
 from .options import CHECK, Spelling
 
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024

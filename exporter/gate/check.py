@@ -6,19 +6,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..endpoints import Endpoint
-from ..peers import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE, Comparison, Peer, compare, member_name
-from ..probe import probes
-from ..probe.canary import TABLE
-from ..probe.http.client import Client, new_client
-from ..probe.http.fetch import Fetcher
-from ..probe.keyfiles import KeyFiles
-from ..reasons import ProbeFailure, Reason
-from ..report import EndpointReport, ModelReport, PeersEntry, model_report, peers_entry
-from ..runner import Runner, measure
-from ..settings.schema import ServerConfig
-from ..state import Fleet, ServerState
-from ..verdict import (
+from ..core.peers import Comparison, Peer, compare, member_name
+from ..core.report import EndpointReport, ModelReport, PeersEntry, model_report, peers_entry
+from ..core.runner import Runner, measure
+from ..core.state import Fleet, ServerState
+from ..core.verdict import (
     NO_V1_ENDPOINT_ASKED,
     Decision,
     Disagreement,
@@ -32,6 +24,15 @@ from ..verdict import (
     through_a_front_end,
     worst,
 )
+from ..endpoints import Endpoint
+from ..probe import probes
+from ..probe.canary import TABLE
+from ..probe.http.client import Client, new_client
+from ..probe.http.fetch import Fetcher
+from ..probe.keyfiles import KeyFiles
+from ..reasons import ProbeFailure, Reason
+from ..settings.schema import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
+from ..settings.targets import ServerConfig
 from . import oneserver
 from .options import CHECK, Spelling
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..endpoints import Endpoint
 
 if TYPE_CHECKING:
-    from ..settings.schema import ServerConfig
+    from ..settings.targets import ServerConfig
 
 ENDPOINTS = tuple(e.value for e in Endpoint)
 DEFAULT_TOKENS = 48
@@ -214,7 +214,7 @@ def check_server(url: str, *, api_key_file: Path | None = None, api_key_env: str
     from pydantic import ValidationError
 
     from ..problems import problem_lines
-    from ..settings.schema import ServerConfig
+    from ..settings.targets import ServerConfig
 
     try:
         return ServerConfig(name="check", url=url, api_key_file=api_key_file, api_key_env=api_key_env, model=model)

@@ -29,7 +29,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from ..settings.schema import ServerConfig
+    from ..settings.targets import ServerConfig
     from .ask import AskReport
     from .check import CheckReport
 
@@ -225,7 +225,7 @@ class Gate:
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
     """The session's exit code: the worst verdict decides, as it does for `specwatch check`."""
-    from ..verdict import Decision, Verdict, worst
+    from ..core.verdict import Decision, Verdict, worst
 
     _, decision = worst((o.target, Decision(Verdict(o.verdict), "")) for o in outcomes)
     return {0: 0, 1: EXIT_NOT_REAL}.get(decision.verdict.exit_code, EXIT_UNCHECKED)

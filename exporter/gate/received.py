@@ -8,8 +8,8 @@ from enum import StrEnum
 from typing import Any
 
 from ..endpoints import Endpoint
-from ..probe.answers import Reading, StreamReading
 from ..probe.canary import classify
+from ..probe.readers import Reading, StreamReading
 from ..reasons import ProbeFailure, Reason
 from .shapes import Shape, shape_of
 

@@ -8,8 +8,8 @@ from types import MappingProxyType
 from typing import Any
 
 from ..endpoints import Endpoint
-from ..probe.answers import Chunk, Reading, StreamReading, completion_chunk, stream_reader
 from ..probe.canary import CHUNKS, TABLE
+from ..probe.readers import Chunk, Reading, StreamReading, completion_chunk, stream_reader
 
 
 @dataclass(frozen=True)

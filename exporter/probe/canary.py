@@ -9,9 +9,9 @@ from types import MappingProxyType
 from typing import Any
 
 from ..endpoints import Endpoint
-from ..peers import Answer, answer_of
 from ..reasons import ProbeFailure, Reason
-from .answers import (
+from .logprobs import Logprobs, logprobs_of
+from .readers import (
     Chunk,
     Reading,
     chat_chunk,
@@ -60,7 +60,7 @@ class Tally:
     draft_accepted: int | None
     model: str | None = None
     """The model the answer says produced it, when it says."""
-    answer: Answer | None = None
+    logprobs: Logprobs | None = None
     """What this answer brings to a comparison with the model's peers."""
 
     @property
@@ -180,7 +180,7 @@ def classify(reading: Reading) -> Tally:
         draft_n=reading.draft_n,
         draft_accepted=reading.draft_accepted,
         model=reading.model,
-        answer=answer_of(tokens),
+        logprobs=logprobs_of(tokens),
     )
 
 

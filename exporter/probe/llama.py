@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from ..peers import META_FIELDS
 from ..reasons import ProbeFailure, Reason
 
 # Values from a server become label values and samples on every scrape: one hostile server must not
@@ -189,6 +188,10 @@ def model_ids(data: Any) -> list[str]:
             raise _shape_error(f"/v1/models data[{index}].id is not a usable model name")
         ids.append(model_id)
     return list(dict.fromkeys(ids))
+
+
+META_FIELDS = ("ftype", "size", "n_params", "n_vocab", "n_ctx_train", "n_embd")
+"""What /v1/models' `data[].meta` says of a model's file that tells files apart (no endpoint gives a hash)."""
 
 
 def parse_meta(data: Any, names: set[str]) -> dict[str, str]:

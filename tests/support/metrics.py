@@ -6,9 +6,9 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.core.state import Fleet
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
-from specwatch.state import Fleet
 
 Samples = dict[tuple[str, tuple], float]
 

@@ -6,12 +6,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+from specwatch.core.state import Fleet
 from specwatch.daemon import api
 from specwatch.daemon.watch import Watcher
 from specwatch.daemon.web import WebApp
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from specwatch.state import Fleet
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ...state import Fleet
+from ...core.state import Fleet
 from .catalog import FAMILIES, SERVER, Family
 from .samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
 

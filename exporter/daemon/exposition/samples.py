@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...peers import FINGERPRINT_FIELDS
-from ...state import CanaryState, ModelState, ServerState
-from ...verdict import Verdict
+from ...core.peers import FINGERPRINT_FIELDS
+from ...core.state import CanaryState, ModelState, ServerState
+from ...core.verdict import Verdict
 from ...version import __version__
 from ..discovery import SourceStatus
 from .catalog import EXPORTER, Family

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import struct
-import sys
 import threading
 import time
 import weakref
@@ -17,7 +16,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 
-from ...state import Fleet
+from ...core.state import Fleet
 from .registry import SpecwatchCollector
 from .samples import ExporterStatus
 from .text import TextRenderer
@@ -26,7 +25,6 @@ GZIP_LEVEL = 1
 """Text metrics shrink about fifteenfold even at the fastest level, which keeps a large fleet's scrape cheap."""
 TEXT_FORMAT = CONTENT_TYPE_PLAIN_0_0_4
 PREPARE_SECONDS = 1.0
-SWITCH_SECONDS = 0.001
 
 log = structlog.get_logger("specwatch")
 
@@ -244,9 +242,6 @@ class Exposition:
                     daemon=True,
                 )
                 self._preparing.start()
-                # The scrape threads wait for the interpreter while the probes hold it: a 1 ms switch interval (5 ms by
-                # default) lets them have it sooner, and costs nothing while no other thread asks for it.
-                sys.setswitchinterval(SWITCH_SECONDS)
 
     def prepare(self) -> None:
         """Render what changed; compress it too when a gzipped scrape is due before the next preparation."""

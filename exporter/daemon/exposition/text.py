@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from prometheus_client.utils import floatToGoString
 
-from ...settings.schema import ServerConfig
-from ...state import Fleet, ServerState
+from ...core.state import Fleet, ServerState
+from ...settings.targets import ServerConfig
 from .catalog import FAMILIES, SERVER, Family
 from .samples import GROUPS, ExporterStatus, Extra, exporter_families, exporter_samples
 

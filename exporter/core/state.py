@@ -7,12 +7,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 
-from .endpoints import Endpoint
+from ..endpoints import Endpoint
+from ..probe.canary import Tally
+from ..probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
+from ..reasons import Reason
+from ..settings.targets import ServerConfig
 from .peers import META_FIELDS, Fingerprint, Peer, Standing, group_of
-from .probe.canary import Tally
-from .probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
-from .reasons import Reason
-from .settings.schema import ServerConfig
 from .verdict import Decision, EndpointEvidence, Evidence, decide
 
 UNKNOWN = "unknown"
@@ -96,7 +96,7 @@ class ModelState:
         fingerprint = self.fingerprint()
         if fingerprint is None or not self.loaded:
             return None
-        answers = {e.value: c.tally.answer for e, c in self.canaries.items() if c.tally is not None and c.tally.answer}
+        answers = {e.value: c.tally.logprobs for e, c in self.canaries.items() if c.tally is not None and c.tally.logprobs}
         return Peer(fingerprint, answers)
 
 
@@ -202,9 +202,9 @@ class ModelState:
 
 def _unanswered(canary: CanaryState) -> CanaryState:
     """The canary's verdict without the answer it keeps for comparing with peers."""
-    if canary.tally is None or canary.tally.answer is None:
+    if canary.tally is None or canary.tally.logprobs is None:
         return canary
-    return replace(canary, tally=replace(canary.tally, answer=None))
+    return replace(canary, tally=replace(canary.tally, logprobs=None))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-from .probe.canary import TABLE, Tally
-from .reasons import ProbeFailure, Reason
+from ..probe.canary import TABLE, Tally
+from ..reasons import ProbeFailure, Reason
 
 
 class Verdict(StrEnum):

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import PurePath
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
+
+from ..probe.llama import META_FIELDS
+from ..probe.logprobs import Logprobs
+from ..settings.schema import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
-DEFAULT_TOLERANCE = 0.5
-"""How far a real token's logprob (or an alternative's) may move with the same tokens: measured up to 0.081 (0.40 for
-alternatives) on replicas of one file and build with other requests decoding beside the canary."""
-DEFAULT_CONFIRMATIONS = 3
-"""Fresh canary answers in a row that must disagree before an answer disagreement counts; a fingerprint counts at once."""
 FINGERPRINT, TOKENS, LOGPROBS = "fingerprint", "tokens", "logprobs"
 
 K = TypeVar("K", bound=Hashable)
@@ -55,46 +54,7 @@ class Fingerprint:
 
 
 FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
-META_FIELDS = FINGERPRINT_FIELDS[2:]
-"""The fields /v1/models' `data[].meta` gives; build and file come from /props."""
-
-
-class TokenLike(Protocol):
-    """One answer token as the probe reads it (specwatch.probe.answers.Token)."""
-
-    @property
-    def logprob(self) -> float | None: ...
-    @property
-    def text(self) -> str | None: ...
-    @property
-    def top(self) -> tuple[Any, ...]: ...
-    def fill_in(self, index: int) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What one canary answer brings to a comparison: every token's text, and the values of its real tokens only."""
-
-    tokens: tuple[str | None, ...]
-    values: tuple[float | None, ...]
-    """Each token's logprob; None for a fill-in, whose value is no measurement."""
-    alternatives: tuple[tuple[Any, ...], ...]
-    """Each real token's alternatives, flat as (text, logprob, text, logprob, ...); () for a fill-in."""
-    digest: int = field(default=0, compare=False)
-    """The hash of its values and alternatives, taken once: a large group is sorted into alike answers by it."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "digest", hash((self.values, self.alternatives)))
-
-
-def answer_of(tokens: Sequence[TokenLike]) -> Answer:
-    """What an answer's tokens bring to a comparison: a fill-in (the classifier's rule) keeps its text, not its value."""
-    real = [not t.fill_in(i) and t.logprob is not None for i, t in enumerate(tokens)]
-    return Answer(
-        tokens=tuple(t.text for t in tokens),
-        values=tuple(t.logprob if r else None for t, r in zip(tokens, real, strict=True)),
-        alternatives=tuple(t.top if r else () for t, r in zip(tokens, real, strict=True)),
-    )
+assert FINGERPRINT_FIELDS[2:] == META_FIELDS, "the fingerprint holds what /v1/models' meta gives, after build and file"
 
 
 @dataclass(frozen=True)
@@ -102,7 +62,7 @@ class Peer:
     """One member of a group as a comparison sees it: its fingerprint and its last canary answer per endpoint."""
 
     fingerprint: Fingerprint | None = None
-    answers: Mapping[str, Answer] = field(default_factory=dict)
+    answers: Mapping[str, Logprobs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,7 +99,7 @@ class Standing:
     comparison: Comparison[str]
 
 
-def fresh(peer: Peer, seen: Mapping[str, Answer]) -> set[str]:
+def fresh(peer: Peer, seen: Mapping[str, Logprobs]) -> set[str]:
     """The endpoints whose answer `peer` holds that a comparison that saw `seen` did not (told by identity: two answers
     alike are still two answers)."""
     return {e for e, a in peer.answers.items() if seen.get(e) is not a}
@@ -195,7 +155,7 @@ def _fingerprints(peers: Mapping[K, Peer], found: Findings[K], compared: set[K])
                 found.setdefault(k, []).append(_Finding(FINGERPRINT, against, f"{name} {values[k]!r}, {others}"))
 
 
-def _answers(endpoint: str, answers: Mapping[K, Answer], tolerance: float, found: Findings[K],
+def _answers(endpoint: str, answers: Mapping[K, Logprobs], tolerance: float, found: Findings[K],
              compared: set[K], differences: dict[K, float]) -> None:
     # Canaries differ in length (a speculating server is asked more tokens): the shortest answer sets the prefix.
     length = min(len(a.tokens) for a in answers.values())

@@ -11,13 +11,13 @@ from typing import Generic, Protocol, TypeVar
 
 from pydantic import SecretStr
 
-from .endpoints import Endpoint
-from .probe import probes
-from .probe.canary import Tally
-from .probe.http.fetch import Fetcher
-from .probe.keyfiles import KeyFiles
-from .reasons import ProbeFailure, Reason
-from .settings.schema import ServerConfig
+from ..endpoints import Endpoint
+from ..probe import probes
+from ..probe.canary import Tally
+from ..probe.http.fetch import Fetcher
+from ..probe.keyfiles import KeyFiles
+from ..reasons import ProbeFailure, Reason
+from ..settings.targets import ServerConfig
 from .state import Change, Fleet, ModelState
 from .verdict import worth_another_pass
 

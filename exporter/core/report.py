@@ -9,8 +9,8 @@ from typing import Literal
 
 import pydantic
 
+from ..probe.canary import Tally
 from .peers import Comparison
-from .probe.canary import Tally
 from .state import ModelState
 from .verdict import Freshness, Verdict
 
