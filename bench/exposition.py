@@ -7,8 +7,6 @@ import asyncio
 import os
 import time
 
-import httpx
-
 from specwatch.core.state import Fleet
 from specwatch.daemon import logs
 from specwatch.daemon.cadence import Round
@@ -18,7 +16,7 @@ from specwatch.daemon.watch import Watcher
 from specwatch.endpoints import Endpoint
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.simfleet import FleetOptions, is_speculating, lookalike
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
@@ -41,7 +39,7 @@ async def run(servers: int, seconds: int, scrapers: int, scrape_every: float, po
     settings = Settings(servers=[{"name": n, "url": f"http://{n}:8080", "labels": {"pool": "sim",
                                   "kind": "speculating" if is_speculating(i, 0.2) else "plain"}} for i, n in enumerate(names)])
     clock = Clock()
-    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+    async with fake_fleet(fakes).client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints), Fetcher(client, 1 << 22), clock=clock)
         for name in names:
             await watcher.poll(name)

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import time
 
-import httpx
 import structlog
 
 from specwatch.core.state import Fleet
@@ -15,7 +14,7 @@ from specwatch.daemon.peering import PeerBoard
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
-from tests.support.fakes import fleet_transport
+from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
 
 
@@ -39,7 +38,7 @@ async def run(servers: int, group: int, endpoint: str, tokens: int) -> tuple[flo
     """(seconds of comparing per canary, seconds per canary in all) over one round after a first one."""
     fakes = {f"s{i:05d}": FakeLlama.plain(tokens=tokens, model_alias=f"model-{i // group}") for i in range(servers)}
     settings = Settings(servers=[{"name": n, "url": f"http://{n}:8080"} for n in fakes], canary_endpoints=[endpoint])
-    async with httpx.AsyncClient(transport=fleet_transport(fakes)) as client:
+    async with fake_fleet(fakes).client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
                           Fetcher(client, settings.max_response_bytes))
         board = watcher.peers = _Timed(watcher.fleet, time.monotonic, tolerance=settings.peer_tolerance,

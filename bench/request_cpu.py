@@ -1,4 +1,9 @@
-"""CPU of one probe request on a new connection: the bare exchange, the fetcher's, and a whole poll, on either loop."""
+"""CPU of one probe request on a new connection: the bare exchange, each client compared, the fetcher's, a whole poll.
+
+An arm per client that was weighed for the probes (docs/development.md, How specwatch speaks HTTP), so the choice can
+be measured again: aiohttp alone (what the fetcher is built on), httpx with one client per server and with no
+keep-alive (its shared pool scans every connection it holds on each request: 18 ms at 1,000 servers, not run).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,11 @@ import os
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 
-from specwatch.probe import client as pools
+import aiohttp
+import httpx
+
 from specwatch.probe import probes
+from specwatch.probe.http.client import CONNECTIONS_PER_SERVER, new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.targets import ServerConfig
 from tests.support.simfleet import FleetOptions, SimFleetProcess, SimServer
@@ -48,10 +56,27 @@ async def bare(server: SimServer) -> None:
 
 async def measure(servers: Sequence[SimServer], rounds: int, concurrency: int) -> dict[str, list[float]]:
     """Milliseconds of process CPU per server for each way, one figure per round; the ways take turns."""
-    fetcher = Fetcher(pools.new_client(), 1 << 20)
+    fetcher = Fetcher(new_client(), 1 << 20)
     configs = {server.url: ServerConfig(name=f"sim{i}", url=server.url) for i, server in enumerate(servers)}
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=CONNECTIONS_PER_SERVER))
+    unpooled = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0))
+    per_server = {server.url: httpx.AsyncClient() for server in servers}
+
+    async def plain_aiohttp(server: SimServer) -> None:
+        async with session.get(f"{server.url}/props") as response:
+            await response.read()
+
+    async def httpx_unpooled(server: SimServer) -> None:
+        (await unpooled.get(f"{server.url}/props")).read()
+
+    async def httpx_per_server(server: SimServer) -> None:
+        (await per_server[server.url].get(f"{server.url}/props")).read()
+
     ways: dict[str, Callable[[SimServer], Awaitable[object]]] = {
         "bare exchange, GET /props": bare,
+        "aiohttp session, GET /props": plain_aiohttp,
+        "httpx, no keep-alive": httpx_unpooled,
+        "httpx, a client per server": httpx_per_server,
         "fetcher, GET /props": lambda s: fetcher.get_json(f"{s.url}/props", headers={}, timeout=10),
         "poll, /props + /slots": lambda s: probes.poll(fetcher, configs[s.url], timeout=10),  # ask_always: /slots too
     }
@@ -72,6 +97,9 @@ async def measure(servers: Sequence[SimServer], rounds: int, concurrency: int) -
             spent = (after.user - before.user) + (after.system - before.system)
             figures[name].append(1000 * spent / len(servers))
     await fetcher.client.aclose()
+    await session.close()
+    await unpooled.aclose()
+    await asyncio.gather(*(client.aclose() for client in per_server.values()))
     return figures
 
 

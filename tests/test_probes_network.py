@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import os
@@ -180,7 +181,6 @@ class Held:
 
     tasks: int
     threads: list[str]
-    checked_out: int
     sockets: dict[str, list[str]]
     stranded: int
     left_after_close: dict[str, int]
@@ -188,20 +188,19 @@ class Held:
     """What still ran once the schedule had been paused long enough for every probe to end: nothing, or a leak."""
 
     def report(self) -> str:
-        return (f"tasks {self.tasks}, threads {len(self.threads)}, connections checked out {self.checked_out}, "
+        return (f"tasks {self.tasks}, threads {len(self.threads)}, "
                 f"sockets {sum(map(len, self.sockets.values()))} ({ {n: len(s) for n, s in self.sockets.items()} }), "
-                f"CLOSE_WAIT {self.stranded}, left once idle pools close {sum(self.left_after_close.values())}")
+                f"CLOSE_WAIT {self.stranded}, left once idle connections expire {sum(self.left_after_close.values())}")
 
 
 def held(rig: Rig) -> Held:
-    """Pause the schedule, let every probe end, count, close the idle pools (as IDLE_POOL_SECONDS would), count again."""
+    """Pause the schedule, let every probe end, count, wait for the idle connections to expire, count again."""
     daemon = rig.daemon.daemon
     assert daemon is not None
-    transport = daemon.client._transport  # type: ignore[attr-defined]
     peers = rig.peers()
     names = {peer: name for name, peer in peers.items()}
 
-    async def quiet() -> tuple[int, int, str]:
+    async def quiet() -> tuple[int, str]:
         daemon.schedule.pause()
         watcher = daemon.watcher
 
@@ -210,7 +209,7 @@ def held(rig: Rig) -> Held:
             return f"probes in flight {probes}, canary rounds {rounds}" if probes or rounds else ""
 
         # A job the scheduler fired just before the pause may not have claimed its probe yet: quiet twice in a row.
-        # Every exchange ends by its timeout (fetch._bounded), so one still going well after that has leaked.
+        # Every exchange ends by its deadline (Fetcher._exchange), so one still going well after that has leaked.
         deadline = asyncio.get_running_loop().time() + 2 * CANARY_TIMEOUT + 2
         while True:
             await asyncio.sleep(0.1)
@@ -222,29 +221,31 @@ def held(rig: Rig) -> Held:
                 break
         me = asyncio.current_task()
         tasks = len([t for t in asyncio.all_tasks() if t is not me])
-        out = sum(pool.checked_out for pool in transport._pools.values())
-        return tasks, out, busy()
+        return tasks, busy()
 
-    async def close_idle() -> None:
-        transport._close_idle(float("inf"))
-        await asyncio.sleep(0.05)
+    def expired() -> bool:
+        return not any(connections(set(peers.values())).values())
 
     async def resume() -> None:
         daemon.schedule.resume()
 
     with rig.sampler.paused():
         try:
-            tasks, out, busy = rig.daemon.call(quiet)
+            tasks, busy = rig.daemon.call(quiet)
             wait_until("the scrapes' request threads to end", lambda: not any("process_request" in t.name
                                                                          for t in threading.enumerate()), timeout=5)
             threads = sorted(t.name for t in threading.enumerate())
             sockets = {names[peer]: states for peer, states in connections(set(peers.values())).items()}
             stranded = stranded_sockets({port for _, port in peers.values()})
-            rig.daemon.call(close_idle)
+            # The client gives an idle connection up after KEEPALIVE_SECONDS (aiohttp looks that often), llama-server
+            # after 5 s: one still open long after is held by a probe that never ended, or by nobody.
+            with contextlib.suppress(AssertionError):
+                wait_until("the idle connections to expire", expired, timeout=3 * specwatch.probe.http.client.KEEPALIVE_SECONDS,
+                           interval=0.1)
             left = {names[peer]: len(states) for peer, states in connections(set(peers.values())).items()}
         finally:
             rig.daemon.call(resume)
-    return Held(tasks, threads, out, sockets, stranded, left, busy)
+    return Held(tasks, threads, sockets, stranded, left, busy)
 
 
 @dataclass
@@ -424,15 +425,14 @@ def check(rig: Rig, run: Run, *, poll_reasons: set[str], canary_reasons: set[str
     problems.expect(took <= RECOVERY, f"answered {took:.2f}s after the fault lifted")
     run.figures.update(recovered_after=round(took, 2), canaried_again_after=round(run.settled - run.lifted, 2))
 
-    # Nothing leaked: the same tasks and threads, no connection held, no socket left once the idle pools close.
+    # Nothing leaked: the same tasks and threads, no socket left once the idle connections expire.
     before, after = run.held_before, run.held_after
     assert before is not None and after is not None
     problems.expect(not before.busy and not after.busy, f"never quiet: {before.busy!r} -> {after.busy!r}")
     problems.expect(after.tasks == before.tasks and after.threads == before.threads, f"tasks/threads {before} -> {after}")
-    problems.expect(before.checked_out == after.checked_out == 0, f"checked out {before.checked_out} -> {after.checked_out}")
     problems.expect(before.stranded == after.stranded == 0, f"CLOSE_WAIT {before.stranded} -> {after.stranded}")
     problems.expect(sum(after.left_after_close.values()) == sum(before.left_after_close.values()) == 0,
-                    f"sockets left once the pools closed {before.left_after_close} -> {after.left_after_close}")
+                    f"sockets left once idle connections expired {before.left_after_close} -> {after.left_after_close}")
     problems.expect(all(len(s) <= specwatch.probe.http.client.CONNECTIONS_PER_SERVER for s in after.sockets.values()),
                     f"sockets {after.sockets}")
     run.figures.update(held_before=before.report(), held_after=after.report())

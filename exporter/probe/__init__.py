@@ -1,1 +1,1 @@
-"""Probing llama-servers: HTTP, the endpoint table, answer parsers and the token classifier; no metrics, no scheduler."""
+"""What llama-server says: the poll, the endpoint table, answer readers and the token classifier; HTTP is in http/."""

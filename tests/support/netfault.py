@@ -302,14 +302,14 @@ class StreamTap:
         self._changed = threading.Condition()
 
     def install(self, monkeypatch: Any) -> None:
-        original = specwatch.probe.http.fetch.Fetcher._capped_lines
+        original = specwatch.probe.http.fetch.Fetcher._lines
         tap = self
 
-        async def followed(fetcher: Any, response: Any, deadline: float, timeout: float) -> Any:
-            port = response.request.url.port
+        async def followed(fetcher: Any, response: Any) -> Any:
+            port = response.url.port
             number = tap._note(port, lambda begun, lines, ended: (begun + 1, 0, False))[0]
             try:
-                async for line in original(fetcher, response, deadline, timeout):
+                async for line in original(fetcher, response):
                     tap._note(port, lambda begun, lines, ended: (begun, lines + 1, False))
                     yield line
             except GeneratorExit:
@@ -321,7 +321,7 @@ class StreamTap:
             finally:
                 tap._note(port, lambda begun, lines, ended: (begun, lines, True))
 
-        monkeypatch.setattr(specwatch.probe.http.fetch.Fetcher, "_capped_lines", followed)
+        monkeypatch.setattr(specwatch.probe.http.fetch.Fetcher, "_lines", followed)
 
     def _note(self, port: int, change: Callable[[int, int, bool], tuple[int, int, bool]]) -> tuple[int, int, bool]:
         with self._changed:

@@ -10,6 +10,9 @@ from aiohttp.abc import AbstractResolver
 
 USER_AGENT = "specwatch"
 LLAMA_KEEPALIVE_SECONDS = 5.0
+KEEPALIVE_SECONDS = LLAMA_KEEPALIVE_SECONDS - 1.0
+"""An idle connection is given up this long after its answer: llama-server closes one idle for 5 s ("Keep-Alive:
+timeout=5"), and reusing one near that moment races its close."""
 CONNECTIONS_PER_SERVER = 4
 """The watcher probes a server with at most one poll and one canary at a time: a few connections always suffice."""
 DNS_CACHE_SECONDS = 30.0
@@ -24,17 +27,16 @@ class Client:
         self._verify = verify
         self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
+        self._connector: aiohttp.TCPConnector | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         """The session every request goes through."""
         if self._session is None:
-            # llama-server closes a connection idle for 5 s (it answers "Keep-Alive: timeout=5"); reusing one near that
-            # moment races its close, so idle connections are given up a second earlier.
-            connector = aiohttp.TCPConnector(
+            self._connector = connector = aiohttp.TCPConnector(
                 limit=0,  # the watcher's semaphore bounds the total, and can change on reload
                 limit_per_host=CONNECTIONS_PER_SERVER,
-                keepalive_timeout=LLAMA_KEEPALIVE_SECONDS - 1.0,
+                keepalive_timeout=KEEPALIVE_SECONDS,
                 ttl_dns_cache=DNS_CACHE_SECONDS,
                 ssl=self._verify,
                 resolver=self._resolver,
@@ -50,8 +52,13 @@ class Client:
             )
         return self._session
 
+    def forget_names(self) -> None:
+        """Drop every cached name lookup: servers that went away (a reload, discovery) leave none behind."""
+        if self._connector is not None:
+            self._connector.clear_dns_cache()
+
     async def aclose(self) -> None:
-        session, self._session = self._session, None
+        session, self._session, self._connector = self._session, None, None
         if session is not None:
             await session.close()
 

@@ -18,6 +18,9 @@ from .sse import parse_json
 T = TypeVar("T")
 NOT_LOADED_MESSAGE = b"model is not loaded"
 _JSON = {"Content-Type": "application/json"}
+_STREAM = {**_JSON, "Connection": "close"}
+"""llama-server closes the connection after a streamed answer without saying so (build 11434): a request sent on it
+at once, before its close arrived, is lost. Asked to close, the client never takes it again."""
 
 
 class HttpStatusFailure(ProbeFailure):
@@ -43,7 +46,7 @@ class Fetcher:
 
     async def post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
         """The JSON payloads of a server-sent-event stream, up to `[DONE]` or the end."""
-        return await self._exchange("POST", url, body, headers, timeout, self._events)
+        return await self._exchange("POST", url, body, {**_STREAM, **headers}, timeout, self._events)
 
     async def _exchange(
         self, method: str, url: str, body: Any, headers: dict[str, str], timeout: float,
@@ -57,7 +60,7 @@ class Fetcher:
         """
         data = None
         if body is not None:
-            data, headers = orjson.dumps(body), {**_JSON, **headers}
+            data, headers = orjson.dumps(body), headers if "Content-Type" in headers else {**_JSON, **headers}
         try:
             async with asyncio.timeout(timeout):
                 # One deadline for the exchange; the per-read timeout is the library's, and never the shorter.
