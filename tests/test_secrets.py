@@ -250,3 +250,33 @@ def test_check_config_output_carries_no_key(key_file, key_env, tmp_path) -> None
         assert bad.process.wait(20) == 2
     assert "unknown key" in bad.output() and "already used" in bad.output()
     assert leaks(good.output() + bad.output()) == []
+
+
+SSO_TOKEN = "SSO-STATE-0f9e8d7c6b5a"
+SSO_LOCATION = f"https://sso.example/oauth2/authorize?state={SSO_TOKEN}&redirect_uri=%2Fprops#{SSO_TOKEN}"
+
+
+@pytest.mark.real
+def test_a_redirects_query_reaches_no_output(tmp_path: Path, capsys) -> None:
+    """A front end that sends specwatch to its single sign-on puts a token in the query: named by scheme, host and path."""
+    with FaultServer(FakeLlama.plain(tokens=8)).play(Respond(lambda r: (302, {"Location": SSO_LOCATION}, b""))) as sso:
+        seen = []
+        for extra in ([], ["--json"]):
+            code = cli.main(["check", sso.url, *extra, "--timeout", "2", "--tokens", "8", "--endpoint", "chat"])
+            captured = capsys.readouterr()
+            assert code == 2 and "redirect" in captured.out, captured.out
+            seen.append(captured.out + captured.err)
+        assert "https://sso.example/oauth2/authorize" in seen[0]
+        config = write_config(tmp_path / "specwatch.yml", [{"name": "behind-sso", "url": sso.url}])
+        with ExporterProcess("--config", str(config), "--log-level", "debug") as exporter:
+            exporter.wait_started()
+            wait_until("the redirect logged", lambda: any(e.get("event") == "poll_failed" for e in exporter.events()),
+                       timeout=30, alive=exporter.process)
+            with httpx.Client(timeout=10) as client:
+                metrics = client.get(f"{exporter.url()}/metrics").text
+                verdicts = client.get(f"{exporter.url()}/api/v1/verdicts").text
+                page = client.get(f"{exporter.url()}/").text
+        seen += [metrics, verdicts, page, exporter.output()]
+    assert 'reason="redirect"' in metrics
+    assert "https://sso.example/oauth2/authorize" in verdicts and "https://sso.example/oauth2/authorize" in exporter.output()
+    assert [text for text in seen if SSO_TOKEN in text or "redirect_uri" in text] == []
