@@ -342,7 +342,8 @@ def _asked(args: argparse.Namespace) -> int:
 
 
 def _checked(args: argparse.Namespace) -> int:
-    from .gate.check import render_checks, render_text, run_check, run_checks
+    from .gate.check import render_text, run_check
+    from .gate.replicas import render_checks, run_checks
 
     problem = _usage_problem(args)
     if problem is not None:

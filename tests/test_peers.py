@@ -1,42 +1,57 @@
-"""Replicas compared: groups, fingerprints, answers against the majority, the tolerance and confirmation."""
+"""Replicas compared: groups, fingerprints (content counts, deployment is shown), the difference of two answers, the
+sequential test, and each member held against its floor(n/2)-th nearest (pairs and splits included)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from specwatch.core.peers import (
-    FINGERPRINT,
-    LOGPROBS,
-    OPT_OUT,
-    TOKENS,
-    Fingerprint,
-    Peer,
-    compare,
-    group_of,
-)
-from specwatch.endpoints import Endpoint
-from specwatch.probe.canary import CHUNKS, classify
+from specwatch.core.evidence import ALLOWANCE, CAP, MARGIN, THRESHOLD, Difference, Evidence, difference, score, spread
+from specwatch.core.peers import ANSWERS, FINGERPRINT, OPT_OUT, Fingerprint, Peer, Standing, compare, group_of
+from specwatch.core.report import peers_entry
 from specwatch.probe.logprobs import Logprobs, logprobs_of
-from specwatch.probe.readers import Token, completion_reader, read_choice, stream_reader
+from specwatch.probe.peerprobe import read
+from specwatch.probe.readers import Token
 
 Q4KM = Fingerprint(build="b1", file="gemma-Q4_K_M.gguf", ftype="Q4_K - Medium", size="253", n_params="268",
                    n_vocab="262144", n_ctx_train="32768", n_embd="640")
-Q40 = Fingerprint(build="b1", file="gemma-Q4_0.gguf", ftype="Q4_0", size="241", n_params="268",
+Q40 = Fingerprint(build="b1", file="gemma-Q4_K_M.gguf", ftype="Q4_0", size="241", n_params="268",
                   n_vocab="262144", n_ctx_train="32768", n_embd="640")
 TEXT = ("the", " cat", " sat", " on")
+VALUES = (-0.1, -0.2, -0.3, -0.4)
 
 
-def answer(values: tuple[float | None, ...] = (-0.1, -0.2, -0.3, -0.4), tokens: tuple[str, ...] = TEXT,
-           alternatives: tuple[tuple[object, ...], ...] | None = None) -> Logprobs:
-    return Logprobs(tokens, values, alternatives if alternatives is not None else tuple(() for _ in tokens))
+def answer(values: tuple[float | None, ...] = VALUES, texts: tuple[str, ...] = TEXT,
+           tops: tuple[tuple[object, ...], ...] | None = None) -> Logprobs:
+    """An answer whose every token lists itself and " dog" 1.5 nats below it, unless `tops` says otherwise."""
+    tokens = []
+    for i, (value, text) in enumerate(zip(values, texts, strict=True)):
+        top = tops[i] if tops is not None else (() if value is None else (text, value, " dog", value - 1.5))
+        tokens.append(Token(value, len(top) // 2 if value is not None else 0, text=text, top=top))
+    return logprobs_of(tokens)
 
 
-def peers(*answers: Logprobs, fingerprints: tuple[Fingerprint | None, ...] = ()) -> dict[str, Peer]:
-    found = fingerprints or (None,) * len(answers)
-    return {f"r{i}": Peer(fp, {"chat": a} if a is not None else {}) for i, (a, fp) in enumerate(zip(answers, found, strict=True))}
+def group(*answers: Logprobs, noise: float = 0.0, fingerprints: tuple[Fingerprint, ...] = (),
+          questions: tuple[int, ...] = (0,)) -> dict[str, Peer]:
+    """Members r0, r1, ... giving their answer to each of `questions`, the noise measured on each: a comparison that
+    counts every answer afresh counts one per member and question."""
+    prints = fingerprints or (Q4KM,) * len(answers)
+    return {f"r{i}": Peer(fp, {q: a for q in questions}, {q: noise for q in questions})
+            for i, (a, fp) in enumerate(zip(answers, prints, strict=True))}
 
 
-@pytest.mark.parametrize(("configured", "reported", "whole", "group"), [
+def decided(peers: dict[str, Peer], times: int = 1):
+    """`times` comparisons, each counting every answer afresh, the evidence carried from one to the next."""
+    evidence: dict[str, Evidence] = {}
+    judgement = compare(peers)
+    for _ in range(times - 1):
+        evidence = {k: c.evidence for k, c in judgement.members.items()}
+        judgement = compare(peers, before=evidence)
+    return judgement
+
+
+@pytest.mark.parametrize(("configured", "reported", "whole", "expected"), [
     (None, "gemma", True, "gemma"),
     (None, "gemma-Q4_K_M.gguf", True, "gemma-Q4_K_M"),  # a file and a router id of its stem meet
     (None, "/models/a/gemma.gguf", True, "gemma"),  # a server without an alias reports the path
@@ -46,173 +61,206 @@ def peers(*answers: Logprobs, fingerprints: tuple[Fingerprint | None, ...] = ())
     ("eval", "gemma", False, "eval/gemma"),  # a router's models stay apart within its group
     (OPT_OUT, "gemma", True, None),
 ])
-def test_the_group_of_a_model(configured: str | None, reported: str, whole: bool, group: str | None) -> None:
-    assert group_of(configured, reported, whole_server=whole) == group
+def test_the_group_of_a_model(configured: str | None, reported: str, whole: bool, expected: str | None) -> None:
+    assert group_of(configured, reported, whole_server=whole) == expected
 
 
-def test_the_majority_is_the_reference_not_the_first_server() -> None:
-    other = answer(tokens=("the", " dog", " sat", " on"))
-    result = compare(peers(other, answer(), answer()), confirmations=1)
-    assert result["r0"].agreement is False and result["r0"].kind == TOKENS
-    assert result["r0"].held_against == ("r1", "r2")
-    assert result["r0"].detail == "chat: token 1 is ' dog', ' cat' elsewhere"
-    assert result["r1"].agreement is True and result["r2"].agreement is True
+# (case, b, mean, values compared, parted at): against answer() = the, cat, sat, on at -0.1 -0.2 -0.3 -0.4.
+DIFFERENCES = {
+    "alike": (answer(), 0.0, 4, None),
+    "one value moved": (answer((-0.1, -0.3, -0.3, -0.4)), 0.025, 4, None),
+    "a fill-in's value is no measurement": (answer((-0.1, None, -0.3, -0.4)), 0.0, 3, None),
+    "a shorter answer, over its length": (answer(VALUES[:2], TEXT[:2]), 0.0, 2, None),
+    # Parting at token 1 where b is sure of " dog": its log-odds moved by 1.5 (a's) + 1.5 (b's) = 3.0.
+    "a parting where both were sure": (answer(texts=("the", " dog", " sat", " on")), 3.0 / 2, 2, 1),
+    # A near-tie flipped: a gives " dog" -0.25 (0.05 below " cat"), b gives " cat" -0.24 (0.04 below " dog").
+    "a near-tie flipped": (answer((-0.1, -0.2, -0.3, -0.4), ("the", " dog", " sat", " on"),
+                                  (("the", -0.1), (" dog", -0.2, " cat", -0.24), (" sat", -0.3), (" on", -0.4))),
+                           None, 2, 1),
+    # b does not list a's token: it is at most as likely as b's lowest alternative (a lower bound of the move).
+    "the other's token not listed": (answer((-0.1, -0.2, -0.3, -0.4), ("the", " fox", " sat", " on"),
+                                            (("the", -0.1), (" fox", -0.2, " owl", -4.2), (" sat", -0.3), (" on", -0.4))),
+                                     None, 2, 1),
+    # A fill-in where the texts part: only a's side is known (its log-odds of " cat" over " dog", 1.5).
+    "a fill-in where they part": (answer((-0.1, None, None, None), ("the", " dog", " sat", " on")), 1.5 / 2, 2, 1),
+}
 
 
-def test_in_a_group_of_two_a_disagreement_names_both() -> None:
-    result = compare(peers(answer(), answer(tokens=("a", "b", "c", "d"))), confirmations=1)
-    assert (result["r0"].agreement, result["r0"].held_against) == (False, ("r1",))
-    assert (result["r1"].agreement, result["r1"].held_against) == (False, ("r0",))
+@pytest.mark.parametrize("case", DIFFERENCES, ids=DIFFERENCES)
+def test_the_difference_of_two_answers(case: str) -> None:
+    b, mean, values, parted = DIFFERENCES[case]
+    found = difference(answer(), b)
+    assert (found.values, found.parted) == (values, parted)
+    if mean is not None:
+        assert found.mean == pytest.approx(mean)
+    assert difference(b, answer()).mean == pytest.approx(found.mean)  # the same both ways
 
 
-def test_without_a_majority_every_side_disagrees() -> None:
-    result = compare(peers(answer(), answer(tokens=("a",) * 4), answer(tokens=("b",) * 4)), confirmations=1)
-    assert all(c.agreement is False for c in result.values())
-    assert result["r0"].held_against == ("r1", "r2")
+def test_a_near_tie_moves_the_difference_by_little_and_a_sure_parting_by_much() -> None:
+    tie = DIFFERENCES["a near-tie flipped"][0]
+    sure = DIFFERENCES["the other's token not listed"][0]
+    # a puts " dog" 0.05 below " cat", b puts " cat" 0.04 below " dog": their log-odds moved by 0.09 in all.
+    assert difference(answer(tops=(("the", -0.1), (" cat", -0.2, " dog", -0.25), (" sat", -0.3), (" on", -0.4))),
+                      tie).mean == pytest.approx((0.0 + 0.05 + 0.04) / 2)
+    assert difference(answer(), sure).mean == pytest.approx((0.0 + 1.5 + 4.0) / 2)
 
 
-def test_a_group_of_one_compares_nothing() -> None:
-    result = compare(peers(answer(), fingerprints=(Q4KM,)))
-    assert result["r0"].agreement is None and result["r0"].counted is None
+def test_nothing_in_common_says_nothing() -> None:
+    assert difference(answer((-0.1, None), ("a", "b")), answer((None, None), ("x", "y"))).nothing is False
+    assert difference(answer((None, None), ("a", "b")), answer((None, None), ("x", "y"))).nothing
 
 
-def test_members_with_nothing_to_compare_say_nothing() -> None:
-    result = compare({"a": Peer(), "b": Peer(Q4KM), "c": Peer(None, {"chat": answer()})})
-    assert {k: c.agreement for k, c in result.items()} == {"a": None, "b": None, "c": None}
+def test_the_spread_of_a_burst_is_its_largest_difference() -> None:
+    assert spread([answer()]) == 0.0
+    assert spread([answer(), answer((-0.1, -0.3, -0.3, -0.4)), answer((-0.1, -0.2, -0.5, -0.4))]) == pytest.approx(0.075)
 
 
-def test_another_file_disagrees_by_fingerprint_at_once() -> None:
-    result = compare(peers(answer(), answer(), answer(), fingerprints=(Q4KM, Q40, Q4KM)), confirmations=5)
-    assert result["r1"].kind == FINGERPRINT and result["r1"].confirmed and result["r1"].counted is False
-    assert result["r1"].detail == "file 'gemma-Q4_0.gguf', the group's 'gemma-Q4_K_M.gguf'"
-    assert result["r1"].held_against == ("r0", "r2")
-    assert result["r0"].agreement is True
+@pytest.mark.parametrize(("scores", "total", "decides"), [
+    ([1.0] * 50, 0.0, False),  # within the noise, however many answers
+    ([CAP * 3], CAP - ALLOWANCE, False),  # one answer never decides, however gross
+    ([CAP * 3] * 2, THRESHOLD, True),  # two gross answers do
+    ([5.0] * 3, 9.0, False),
+    ([5.0] * 4, THRESHOLD, True),  # five times the noise, four answers
+    ([5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 5.0], 3.0, False),  # answers within the noise wear the evidence down
+    ([3.0] * 12, THRESHOLD, True),  # a small difference that persists decides, later
+    ([float("nan"), 5.0], 3.0, False),  # nothing compared counts for nothing
+])
+def test_the_sequential_test(scores: list[float], total: float, decides: bool) -> None:
+    evidence = Evidence()
+    for each in scores:
+        evidence = evidence.after(each)
+    assert (evidence.total, evidence.decided) == (pytest.approx(total), decides)
+    assert evidence.answers == sum(1 for s in scores if not math.isnan(s))
+
+
+def test_a_score_is_the_difference_over_the_noise_never_below_the_margin() -> None:
+    assert score(Difference(0.2, 4), 0.05) == pytest.approx(4.0)
+    assert score(Difference(0.2, 4), 0.0) == pytest.approx(0.2 / MARGIN)
+
+
+def test_one_replica_off_the_majority_differs_and_the_others_agree() -> None:
+    off = answer((-0.1, -0.5, -0.6, -0.7))  # 0.225 nats per value, 22 times the margin
+    judgement = decided(group(answer(), off, answer()), times=2)
+    members = judgement.members
+    assert (members["r1"].agreement, members["r1"].kind, members["r1"].held_against) == (False, ANSWERS, ("r0", "r2"))
+    assert members["r0"].agreement is True and members["r2"].agreement is True
+    assert (judgement.agreement, judgement.split) == (False, False)
+    assert members["r1"].detail.startswith("question 0: 0.225 nats from its nearest peers, 22.5 times")
+    assert decided(group(answer(), off, answer()), times=1).members["r1"].agreement is True  # one answer never decides
+
+
+def test_within_the_measured_noise_replicas_agree() -> None:
+    off = answer((-0.1, -0.25, -0.35, -0.45))  # 0.0375 per value
+    assert decided(group(answer(), off, answer(), noise=0.04), times=20).agreement is True
+    assert decided(group(answer(), off, answer(), noise=0.0), times=7).members["r1"].agreement is False  # 3.75 times
+
+
+def test_a_pair_that_differs_is_held_to_the_gap_itself_and_splits() -> None:
+    off = answer((-0.1, -0.5, -0.6, -0.7))
+    pair = decided(group(answer(), off, noise=0.05), times=5)  # 4.5 times the noise: 2.5 an answer
+    assert {k: (c.agreement, c.held_against) for k, c in pair.members.items()} == {
+        "r0": (False, ("r1",)), "r1": (False, ("r0",))}
+    assert pair.split and pair.agreement is False
+    # The same gap in a trio decides for the odd one alone: in a pair it is not halved.
+    assert pair.members["r0"].evidence.last == decided(group(answer(), off, answer(), noise=0.05)).members["r1"].evidence.last
+
+
+def test_a_two_two_split_leaves_no_majority() -> None:
+    off = answer((-0.1, -0.5, -0.6, -0.7))
+    judgement = decided(group(answer(), answer(), off, off), times=2)
+    assert judgement.split and all(c.agreement is False for c in judgement.members.values())
+
+
+def test_a_three_two_split_keeps_the_majority() -> None:
+    off = answer((-0.1, -0.5, -0.6, -0.7))
+    members = decided(group(answer(), answer(), answer(), off, off), times=2).members
+    assert [members[f"r{i}"].agreement for i in range(5)] == [True, True, True, False, False]
+    assert members["r3"].held_against == ("r0", "r1", "r2")
+
+
+def test_another_file_content_differs_at_once_and_a_deployment_only_shows() -> None:
+    renamed = Fingerprint(**{**vars(Q4KM), "build": "b2", "file": "gemma-copy.gguf"})
+    members = compare(group(answer(), answer(), answer(), fingerprints=(Q4KM, Q40, renamed))).members
+    assert (members["r1"].agreement, members["r1"].kind, members["r1"].held_against) == (False, FINGERPRINT, ("r0", "r2"))
+    assert members["r1"].detail == "ftype 'Q4_0', the group's 'Q4_K - Medium'"
+    assert (members["r2"].agreement, members["r2"].kind) == (True, None)
+    assert members["r2"].deployment == "build 'b2', the group's 'b1'"
+
+
+def test_a_rolling_upgrade_at_half_of_a_pool_keeps_every_replica_agreeing() -> None:
+    upgraded = Fingerprint(**{**vars(Q4KM), "build": "b2"})
+    members = compare(group(answer(), answer(), answer(), answer(), fingerprints=(Q4KM, upgraded) * 2)).members
+    assert all(c.agreement is True for c in members.values())
+    assert {c.deployment for c in members.values()} == {"build 'b1', the group's others", "build 'b2', the group's others"}
 
 
 def test_a_field_a_server_does_not_report_is_not_held_against_it() -> None:
     unknown = Fingerprint(build="b1", file="gemma-Q4_K_M.gguf")  # no /v1/models meta
-    result = compare(peers(answer(), answer(), fingerprints=(Q4KM, unknown)))
-    assert result["r0"].agreement is True and result["r1"].agreement is True
+    assert compare(group(answer(), answer(), fingerprints=(Q4KM, unknown))).agreement is True
 
 
-def test_fill_ins_are_not_compared_as_values_but_their_tokens_are() -> None:
-    speculating = answer(values=(-0.1, None, None, None))  # a replica whose fill-ins carry no measurement
-    result = compare(peers(answer(), speculating, answer()), tolerance=0.01, confirmations=1)
-    assert all(c.agreement is True for c in result.values())
-    wrong = answer(values=(-0.1, None, None, None), tokens=("the", " cat", " ran", " on"))
-    assert compare(peers(answer(), wrong, answer()), confirmations=1)["r1"].kind == TOKENS
+def test_no_question_is_judged_before_every_member_answered_it_and_had_its_noise_measured() -> None:
+    peers = group(answer(), answer((-0.1, -0.5, -0.6, -0.7)), answer())
+    peers["r2"] = Peer(Q4KM, {0: answer()}, {})  # its noise not measured yet
+    peers["r1"] = Peer(Q4KM, {q: a for q, a in peers["r1"].answers.items() if q != 1}, peers["r1"].noise)
+    judgement = compare(peers)
+    assert {k: c.evidence.answers for k, c in judgement.members.items()} == {"r0": 0, "r1": 0, "r2": 0}
 
 
-def test_a_longer_answer_is_compared_on_the_shorter_ones_prefix() -> None:
-    longer = answer(values=(-0.1, -0.2, -0.3, -0.4, -0.5, -0.6), tokens=(*TEXT, " a", " mat"))
-    result = compare(peers(answer(), longer), confirmations=1)
-    assert result["r0"].agreement is True and result["r1"].agreement is True
+def test_each_fresh_answer_counts_once_however_often_the_group_is_compared() -> None:
+    peers = group(answer(), answer((-0.1, -0.5, -0.6, -0.7)), answer())
+    first = compare(peers, fresh={"r1": {0}})
+    assert first.members["r1"].evidence.answers == 1
+    again = compare(peers, before={k: c.evidence for k, c in first.members.items()}, fresh={})
+    assert again.members["r1"].evidence == first.members["r1"].evidence
 
 
-@pytest.mark.parametrize(("moved", "tolerance", "agreement"), [
-    (0.081, 0.5, True),  # the batching noise measured with identical tokens
-    (0.6, 0.5, False),
-    (0.2, 0.1, False),
-    (0.05, 0.1, True),
-])
-def test_logprobs_within_the_tolerance_agree(moved: float, tolerance: float, agreement: bool) -> None:
-    off = answer(values=(-0.1, -0.2 - moved, -0.3, -0.4))
-    result = compare(peers(answer(), off, answer()), tolerance=tolerance, confirmations=1)
-    assert result["r1"].agreement is agreement
-    assert result["r1"].largest_difference == pytest.approx(moved)
-    assert result["r0"].largest_difference == 0.0
-    if not agreement:
-        assert result["r1"].kind == LOGPROBS and result["r1"].held_against == ("r0", "r2")
-        assert result["r1"].detail.startswith("chat: token 1 logprob")
+def test_members_with_nothing_to_compare_say_nothing() -> None:
+    judgement = compare({"a": Peer(), "b": Peer(Q4KM), "c": Peer(None, {0: answer()}, {0: 0.0})})
+    assert {k: c.agreement for k, c in judgement.members.items()} == {"a": None, "b": None, "c": None}
+    assert judgement.agreement is None
 
 
-def test_alternatives_are_compared_by_their_text() -> None:
-    def with_top(value: float) -> Logprobs:
-        return answer(alternatives=(("the", -0.1, "a", value), (), (), ()))
+def test_many_alike_replicas_cost_their_distinct_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specwatch.core import peers as module
 
-    result = compare(peers(with_top(-2.0), with_top(-2.0), with_top(-3.0)), tolerance=0.5, confirmations=1)
-    assert result["r2"].kind == LOGPROBS and "alternative 'a'" in result["r2"].detail
-    assert result["r2"].largest_difference == pytest.approx(1.0)
+    calls = 0
+    real = module.difference
 
+    def counted(a: Logprobs, b: Logprobs) -> Difference:
+        nonlocal calls
+        calls += 1
+        return real(a, b)
 
-def test_a_disagreement_in_answers_counts_once_confirmed_by_fresh_answers() -> None:
-    group = peers(answer(), answer(tokens=("a",) * 4), answer())
-    first = compare(group, confirmations=3, streaks={}, fresh={"r1": {"chat"}})
-    assert (first["r1"].agreement, first["r1"].streak, first["r1"].confirmed, first["r1"].counted) == (False, 1, False, True)
-    # Compared again with no new answer from r1 (another member's canary came in): the one noisy answer counts once.
-    again = compare(group, confirmations=3, streaks={"r1": 1}, fresh={"r0": {"chat"}})
-    assert again["r1"].streak == 1 and not again["r1"].confirmed
-    third = compare(group, confirmations=3, streaks={"r1": 2}, fresh={"r1": {"chat"}})
-    assert third["r1"].streak == 3 and third["r1"].confirmed and third["r1"].counted is False
-
-
-def test_a_fresh_answer_elsewhere_does_not_confirm_an_old_noisy_one() -> None:
-    group = {"a": Peer(None, {"chat": answer(), "completion": answer()}),
-             "b": Peer(None, {"chat": answer(tokens=("x",) * 4), "completion": answer()}),
-             "c": Peer(None, {"chat": answer(), "completion": answer()})}
-    result = compare(group, confirmations=2, streaks={"b": 1}, fresh={"b": {"completion"}})
-    assert (result["b"].agreement, result["b"].streak, result["b"].confirmed) == (False, 1, False)
-    assert compare(group, confirmations=2, streaks={"b": 1}, fresh={"b": {"chat"}})["b"].confirmed
+    monkeypatch.setattr(module, "difference", counted)
+    peers = {f"r{i}": Peer(Q4KM, {0: answer()}, {0: 0.0}) for i in range(500)}
+    peers["odd"] = Peer(Q4KM, {0: answer((-0.1, -0.5, -0.6, -0.7))}, {0: 0.0})
+    judgement = compare(peers)
+    assert calls == 2  # the two distinct answers, each against the other
+    assert judgement.members["odd"].evidence.last == pytest.approx(22.5)
+    assert judgement.members["r0"].evidence.last == 0.0
 
 
-def test_a_member_named_by_several_kinds_shows_the_weightiest() -> None:
-    group = peers(answer(), answer(tokens=("x",) * 4), answer(), fingerprints=(Q4KM, Q40, Q4KM))
-    assert compare(group)["r1"].kind == FINGERPRINT
+def test_the_peer_probe_reads_an_answer_and_what_model_gave_it() -> None:
+    def entry(text: str, value: float, top: list[tuple[str, float]]) -> dict:
+        return {"id": 1, "token": text, "logprob": value, "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
+
+    body = {"model": "gemma", "choices": [{"text": " A cat", "logprobs": {"content": [
+        entry(" A", -0.5, [(" A", -0.5), (" The", -1.1)]), entry(" cat", 0.0, [])]}}]}
+    got, model = read(body)
+    assert (got.texts, model) == ((" A", " cat"), "gemma")
+    assert got.values[0] == -0.5 and math.isnan(got.values[1])  # a fill-in: its value is no measurement
+    assert got.value_of(0, " The") == -1.1 and got.value_of(1, " The") is None
 
 
-def test_an_agreeing_answer_ends_a_streak() -> None:
-    result = compare(peers(answer(), answer(), answer()), confirmations=3, streaks={"r1": 2}, fresh={"r1": {"chat"}})
-    assert result["r1"].streak == 0 and result["r1"].agreement is True
-
-
-def _entry(text: str, logprob: float, top: list[tuple[str, float]]) -> dict:
-    return {"id": 1, "token": text, "logprob": logprob, "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
-
-
-def test_a_chat_answer_brings_its_texts_values_and_alternatives() -> None:
-    body = {"choices": [{"logprobs": {"content": [_entry("the", -0.1, [("the", -0.1), ("a", -2.5)]),
-                                                  _entry(" cat", 0.0, [])]}}]}
-    got = classify(read_choice(body)).logprobs
-    assert got == Logprobs(("the", " cat"), (-0.1, None), (("the", -0.1, "a", -2.5), ()))
-
-
-def test_a_post_sampling_answer_brings_logprobs() -> None:
-    body = {"completion_probabilities": [{"id": 1, "token": "x", "prob": 0.5, "top_probs": [{"token": "x", "prob": 0.5}]}]}
-    got = classify(completion_reader(post_sampling=True)(body)).logprobs
-    assert got is not None and got.tokens == ("x",)
-    assert got.values[0] == pytest.approx(-0.6931, abs=1e-4) and got.alternatives[0][1] == pytest.approx(-0.6931, abs=1e-4)
-
-
-def test_a_stream_fill_in_keeps_its_text() -> None:
-    events = [{"choices": [{"delta": {"content": "the"}, "logprobs": {"content": [_entry("the", -0.1, [("the", -0.1)])]}}]},
-              {"choices": [{"delta": {"content": " cat"}}]}]
-    got = classify(stream_reader(CHUNKS[Endpoint.CHAT_STREAM])(events)).logprobs
-    assert got == Logprobs(("the", " cat"), (-0.1, None), (("the", -0.1), ()))
-
-
-def test_the_legacy_completion_shape_brings_texts() -> None:
-    body = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25],
-                                      "top_logprobs": [{"a": -0.5}, {"b": -0.25, "c": -3.0}]}}]}
-    got = classify(read_choice(body)).logprobs
-    assert got == Logprobs(("a", "b"), (-0.5, -0.25), (("a", -0.5), ("b", -0.25, "c", -3.0)))
-
-
-def test_logprobs_of_uses_the_classifiers_fill_in_rule() -> None:
-    tokens = [Token(-0.1, 3, text="a"), Token(0.0, 0, text="b"), Token(-0.2, 3, marked=True, text="c"), Token(-0.3, 3, text="d")]
-    assert logprobs_of(tokens).values == (-0.1, None, None, -0.3)
-
-
-def test_the_verdicts_document_shows_a_comparison_counted_only_once_confirmed() -> None:
-    from specwatch.core.peers import Comparison
-    from specwatch.core.report import peers_entry
-
-    pending = Comparison(False, TOKENS, ("a",), None, streak=1, confirmed=False, detail="chat: token 1 is 'x', 'y' elsewhere")
-    shown = peers_entry("gemma", pending, 3)
-    assert (shown.agreement, shown.kind, shown.held_against) == (True, None, [])
-    assert shown.detail == "unconfirmed (1 of 3 answers): chat: token 1 is 'x', 'y' elsewhere"
-    confirmed = peers_entry("gemma", Comparison(False, LOGPROBS, ("a", "b/m"), 0.612345, 3, True, "d"), 3)
-    assert (confirmed.agreement, confirmed.kind, confirmed.held_against, confirmed.largest_difference) == (
-        False, LOGPROBS, ["a", "b/m"], 0.6123)
+def test_the_verdicts_document_shows_a_standing() -> None:
+    off = answer((-0.1, -0.5, -0.6, -0.7))
+    members = decided(group(answer(), off, noise=0.05), times=5).members
+    shown = peers_entry(Standing("gemma", members["r1"], False, True))
+    assert (shown.agreement, shown.kind, shown.held_against, shown.evidence, shown.split) == (
+        False, ANSWERS, ["r0"], 1.0, True)
+    pending = peers_entry(Standing("gemma", compare(group(answer(), off, noise=0.05)).members["r1"], True, False))
+    assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.208)
 
 
 def test_the_verdicts_document_reads_back_a_peers_object() -> None:
@@ -223,34 +271,18 @@ def test_the_verdicts_document_reads_back_a_peers_object() -> None:
     model = {"model": "gemma", "status": "loaded", "verdict": "clean", "key": "", "age_seconds": 1.0,
              "poll_age_seconds": 1.0, "max_age_seconds": 9.0, "max_poll_age_seconds": 9.0, "fresh": True,
              "peers": {"group": "gemma", "agreement": False, "kind": "fingerprint", "held_against": ["b", "c"],
-                       "largest_difference": None, "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'"}}
-    document = {"specwatch": "0.4", "generated_at": 0.0, "poll_interval_seconds": 15.0, "canary_interval_seconds": 60.0,
+                       "evidence": 0.0, "group_agreement": False, "split": False,
+                       "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": ""}}
+    document = {"specwatch": "0.5", "generated_at": 0.0, "poll_interval_seconds": 15.0, "canary_interval_seconds": 60.0,
                 "verdicts": [], "servers": [{"server": "a", "url": "http://a:1", "labels": {}, "router": False, "up": True,
                                              "models": [model]}]}
-    read = read_verdicts(document)
-    peers_of = read.servers[0].models[0].peers
+    read_back = read_verdicts(document)
+    peers_of = read_back.servers[0].models[0].peers
     assert peers_of is not None and (peers_of.agreement, peers_of.held_against) == (False, ["b", "c"])
-    assert asdict(read)["servers"][0]["models"][0]["peers"] == model["peers"]
+    assert asdict(read_back)["servers"][0]["models"][0]["peers"] == model["peers"]
+    # A 0.4 daemon's peers object (largest_difference, no evidence) is read too.
+    model["peers"] = {"group": "gemma", "agreement": True, "kind": None, "held_against": [], "largest_difference": 0.1,
+                      "detail": ""}
+    assert read_verdicts(document).servers[0].models[0].peers.agreement is True
     del model["peers"]  # a daemon before 0.4 says nothing of peers
     assert read_verdicts(document).servers[0].models[0].peers is None
-
-
-@pytest.mark.parametrize(("values", "middle"), [
-    ([(1.0, 1), (2.0, 1)], 1.5),
-    ([(5.0, 1), (1.0, 2)], 1.0),
-    ([(1.0, 1), (2.0, 1), (3.0, 1), (10.0, 1)], 2.5),
-    ([(2.0, 3), (1.0, 3)], 1.5),
-])
-def test_the_median_weighs_each_distinct_answer_by_its_members(values: list[tuple[float, int]], middle: float) -> None:
-    from specwatch.core.peers import _median
-
-    assert _median(values) == middle
-
-
-def test_many_alike_replicas_cost_their_distinct_answers() -> None:
-    group = {f"r{i}": Peer(Q4KM, {"chat": answer()}) for i in range(200)}
-    group["odd"] = Peer(Q4KM, {"chat": answer(values=(-0.1, -0.9, -0.3, -0.4))})
-    result = compare(group, confirmations=1)
-    assert result["odd"].kind == LOGPROBS and result["odd"].largest_difference == pytest.approx(0.7)
-    assert result["odd"].detail == "chat: token 1 logprob -0.900, the group's median -0.200"
-    assert result["r0"].agreement is True and result["r0"].largest_difference == 0.0

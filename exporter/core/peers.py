@@ -1,4 +1,11 @@
-"""Replicas compared: who is whose peer, what a model file and a canary answer show of it, and the group's majority."""
+"""Replicas compared: who is whose peer, what their model files say, and how their answers stand against the group's.
+
+A model file's content (quantization, size, shape) counts at once: another file is another model. How it was deployed
+(the llama.cpp build, the file's name) is shown and never counts: a rolling upgrade or a renamed file changes no answer.
+Answers to the peer probe count through the sequential test of core/evidence.py. A member's difference is taken to
+its floor(n/2)-th nearest member (n members answering): a member of a majority has that many within the noise, one off
+it has not; in a pair each side's difference is the gap itself, and a split leaves every member off a majority.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +13,21 @@ from collections import Counter
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import PurePath
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ..probe.llama import META_FIELDS
 from ..probe.logprobs import Logprobs
-from ..settings.schema import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
+from ..probe.peerprobe import QUESTIONS
+from .evidence import MARGIN, Difference, Evidence, difference, score
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
-FINGERPRINT, TOKENS, LOGPROBS = "fingerprint", "tokens", "logprobs"
+FINGERPRINT, ANSWERS = "fingerprint", "answers"
+"""What a disagreement rests on: the model file's content, at once; or the answers, once the test decides."""
+REFERENCES = 32
+"""A large group's members are compared with its most common answers, this many at most: a group costs its size."""
 
 K = TypeVar("K", bound=Hashable)
-V = TypeVar("V", bound=Hashable)
 
 
 def group_of(configured: str | None, reported: str, *, whole_server: bool = True) -> str | None:
@@ -54,15 +64,21 @@ class Fingerprint:
 
 
 FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
-assert FINGERPRINT_FIELDS[2:] == META_FIELDS, "the fingerprint holds what /v1/models' meta gives, after build and file"
+DEPLOYMENT_FIELDS = ("build", "file")
+"""How a file was deployed: shown, never a disagreement."""
+CONTENT_FIELDS = FINGERPRINT_FIELDS[2:]
+"""What the file holds (what /v1/models' meta gives): another value is another model, at once."""
+assert CONTENT_FIELDS == META_FIELDS, "the fingerprint's content is what /v1/models' meta gives"
 
 
 @dataclass(frozen=True)
 class Peer:
-    """One member of a group as a comparison sees it: its fingerprint and its last canary answer per endpoint."""
+    """One member of a group as a comparison sees it: its fingerprint, its answers to the peer probe's questions (the
+    latest of each), and the batching noise measured on it per question."""
 
     fingerprint: Fingerprint | None = None
-    answers: Mapping[str, Logprobs] = field(default_factory=dict)
+    answers: Mapping[int, Logprobs] = field(default_factory=dict)
+    noise: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,208 +86,180 @@ class Comparison(Generic[K]):
     """One member's standing in its group after a comparison."""
 
     agreement: bool | None
-    """This comparison's judgement; None when there was nothing to compare it with."""
+    """False once it differs (its file's content at once, its answers once the test decides); None with nothing to
+    compare it with."""
     kind: str | None = None
-    """FINGERPRINT, TOKENS or LOGPROBS when it disagrees."""
+    """FINGERPRINT or ANSWERS when it disagrees."""
     held_against: tuple[K, ...] = ()
-    """The members it is held against: the majority, or every other side when there is none."""
-    largest_difference: float | None = None
-    """The largest logprob difference to the group's median, over real tokens and their alternatives."""
-    streak: int = 0
-    """Fresh answers in a row that disagreed."""
-    confirmed: bool = False
-    """The disagreement counts: a fingerprint at once, answers after enough fresh ones in a row."""
+    """The members it is held against: those nearest it, or every other one in a group without a majority."""
+    evidence: Evidence = field(default_factory=Evidence)
     detail: str = ""
+    """What the last comparison found: the disagreement, or the evidence so far."""
+    deployment: str = ""
+    """How its deployment differs from the group's (build, file name): shown, never counted."""
+
+
+@dataclass(frozen=True)
+class Judgement(Generic[K]):
+    """A group compared: each member's standing, and the group's."""
+
+    members: dict[K, Comparison[K]]
 
     @property
-    def counted(self) -> bool | None:
-        """What metrics, documents and alerts show: a disagreement counts only once confirmed."""
-        if self.agreement is None:
-            return None
-        return self.agreement or not self.confirmed
+    def agreement(self) -> bool | None:
+        """False when any member differs: the group serves more than one model; None with nothing compared."""
+        said = [c.agreement for c in self.members.values() if c.agreement is not None]
+        return None if not said else all(said)
+
+    @property
+    def split(self) -> bool:
+        """Every member compared differs: no majority to hold them against (a pair that differs, a split group)."""
+        said = [c.agreement for c in self.members.values() if c.agreement is not None]
+        return len(said) >= 2 and not any(said)
 
 
 @dataclass(frozen=True)
 class Standing:
-    """A watched model's place in its group: the group and the last comparison."""
+    """A watched model's place in its group after the last comparison: its own standing, and the group's."""
 
     group: str
     comparison: Comparison[str]
+    group_agreement: bool | None = None
+    """The group's judgement (Judgement.agreement): said once for the whole group, however many members differ."""
+    split: bool = False
+    """No majority: every member compared differs (Judgement.split)."""
 
 
-def fresh(peer: Peer, seen: Mapping[str, Logprobs]) -> set[str]:
-    """The endpoints whose answer `peer` holds that a comparison that saw `seen` did not (told by identity: two answers
+def fresh(peer: Peer, seen: Mapping[int, Logprobs]) -> set[int]:
+    """The questions whose answer `peer` holds that a comparison that saw `seen` did not (told by identity: two answers
     alike are still two answers)."""
-    return {e for e, a in peer.answers.items() if seen.get(e) is not a}
+    return {q for q, a in peer.answers.items() if seen.get(q) is not a}
 
 
 @dataclass
-class _Finding(Generic[K]):
-    kind: str
+class _Found(Generic[K]):
     against: set[K]
     detail: str
-    endpoint: str | None = None
-    """The endpoint whose answers differ; None for the fingerprint."""
 
 
-Findings = dict[K, list[_Finding[K]]]
-KINDS = (FINGERPRINT, TOKENS, LOGPROBS)
-
-
-def _majority(values: Mapping[K, V]) -> V | None:
-    """The value more than half the members hold, None when none does."""
+def _majority(values: Mapping[K, str]) -> str | None:
     value, count = Counter(values.values()).most_common(1)[0]
     return value if count * 2 > len(values) else None
 
 
-def _split(values: Mapping[K, V]) -> dict[K, set[K]]:
-    """Each member off the majority, with the members it is held against; without a majority, every side against
-    all the others (two members that differ name each other)."""
-    if len(set(values.values())) < 2:
-        return {}
-    reference = _majority(values)
-    if reference is not None:
-        holders = {k for k, v in values.items() if v == reference}
-        return {k: holders for k, v in values.items() if v != reference}
-    return {k: {o for o, w in values.items() if w != v} for k, v in values.items()}
-
-
-def _fingerprints(peers: Mapping[K, Peer], found: Findings[K], compared: set[K]) -> None:
-    known = {k: p.fingerprint for k, p in peers.items() if p.fingerprint is not None}
-    if len(known) > 1 and len(set(known.values())) == 1:  # alike, the common case: one look
-        if any(getattr(next(iter(known.values())), name) for name in FINGERPRINT_FIELDS):
-            compared.update(known)
-        return
-    for name in FINGERPRINT_FIELDS:
+def _fields(peers: Mapping[K, Peer], names: tuple[str, ...]) -> tuple[dict[K, _Found[K]], set[K]]:
+    """The members whose value of any of `names` is off the group's strict majority (every side without one)."""
+    found: dict[K, _Found[K]] = {}
+    compared: set[K] = set()
+    for name in names:
         values = {k: getattr(p.fingerprint, name) for k, p in peers.items()
                   if p.fingerprint is not None and getattr(p.fingerprint, name) != ""}
         if len(values) < 2:
             continue
         compared.update(values)
+        if len(set(values.values())) < 2:
+            continue
         reference = _majority(values)
-        for k, against in _split(values).items():
-            if not found.get(k):
-                others = "the group's " + (repr(reference) if reference is not None else "others")
-                found.setdefault(k, []).append(_Finding(FINGERPRINT, against, f"{name} {values[k]!r}, {others}"))
+        others = "the group's " + (repr(reference) if reference is not None else "others")
+        for k, value in values.items():
+            if value != reference and k not in found:
+                against = {o for o, v in values.items() if (v == reference if reference is not None else v != value)}
+                found[k] = _Found(against, f"{name} {value!r}, {others}")
+    return found, compared
 
 
-def _answers(endpoint: str, answers: Mapping[K, Logprobs], tolerance: float, found: Findings[K],
-             compared: set[K], differences: dict[K, float]) -> None:
-    # Canaries differ in length (a speculating server is asked more tokens): the shortest answer sets the prefix.
-    length = min(len(a.tokens) for a in answers.values())
-    if length == 0:
-        return
-    compared.update(answers)
-    keys = {k: a.tokens[:length] for k, a in answers.items()}
-    reference = _majority(keys)
-    for k, against in _split(keys).items():
-        mine, theirs = keys[k], reference if reference is not None else keys[next(iter(against))]
-        at = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
-        found.setdefault(k, []).append(
-            _Finding(TOKENS, against, f"{endpoint}: token {at} is {mine[at]!r}, {theirs[at]!r} elsewhere", endpoint))
-    same = [k for k, key in keys.items() if key == reference]
-    if len(same) < 2:
-        return
-    # Replicas alike answer alike: each distinct answer (told by the digest taken once per answer) is compared once,
-    # weighted by the members that gave it, so a group costs its distinct answers, not its size.
-    distinct: dict[int, list[K]] = {}
-    contents: list[tuple[tuple[float | None, ...], tuple[tuple[Any, ...], ...]]] = []
-    for k in same:
-        answer = answers[k]
-        whole = len(answer.values) == length
-        digest = answer.digest if whole else hash((answer.values[:length], answer.alternatives[:length]))
-        members = distinct.get(digest)
-        if members is None:
-            members = distinct[digest] = []
-            contents.append((answer.values, answer.alternatives))
-        members.append(k)
-    worst: dict[int, _Worst] = {}
-    if len(distinct) > 1:
-        weights = [len(members) for members in distinct.values()]
-        for at in range(length):
-            _values([(i, c[0][at], weights[i]) for i, c in enumerate(contents)], at, None, worst)
-            by_text: dict[str, list[tuple[int, float | None, int]]] = {}
-            for i, (_, alternatives) in enumerate(contents):
-                flat = alternatives[at]
-                for j in range(0, len(flat), 2):
-                    by_text.setdefault(flat[j], []).append((i, flat[j + 1], weights[i]))
-            for alternative, values in by_text.items():
-                _values(values, at, alternative, worst)
-    for index, members in enumerate(distinct.values()):
-        difference, at, named, value, middle = worst.get(index, (0.0, 0, None, 0.0, 0.0))
-        for k in members:
-            differences[k] = max(differences.get(k, 0.0), difference)
-            if difference > tolerance:
-                what = f"token {at}" + (f"'s alternative {named!r}" if named is not None else "")
-                found.setdefault(k, []).append(_Finding(
-                    LOGPROBS, set(same) - {k}, f"{endpoint}: {what} logprob {value:.3f}, the group's median {middle:.3f}",
-                    endpoint))
+def _distinct(answers: Mapping[K, Logprobs]) -> list[tuple[Logprobs, list[K]]]:
+    """The group's answers, alike ones together, the most common first."""
+    seen: dict[tuple[object, ...], tuple[Logprobs, list[K]]] = {}
+    for k, answer in answers.items():
+        key = (answer.texts, answer.values.tobytes(), answer.alternative_values.tobytes())
+        held = seen.get(key)
+        if held is None:
+            seen[key] = (answer, [k])
+        else:
+            held[1].append(k)
+    return sorted(seen.values(), key=lambda held: -len(held[1]))
 
 
-_Worst = tuple[float, int, "str | None", float, float]
-"""(difference, token position, the alternative's text or None for the token itself, its value, the median)."""
+def _nearest(answers: Mapping[K, Logprobs], asked: Collection[K]) -> dict[K, Difference]:
+    """For each member in `asked`, its difference to its floor(n/2)-th nearest member."""
+    rank = len(answers) // 2
+    groups = _distinct(answers)
+    references = groups[:REFERENCES]
+    found: dict[K, Difference] = {}
+    for mine, members in groups:
+        wanted = [k for k in members if k in asked]
+        if not wanted:
+            continue
+        # Alike answers are each other's nearest, at no distance; then the others', nearest first.
+        ranked: list[tuple[float, Difference, list[K]]] = [(0.0, Difference(0.0, len(mine)), members)]
+        for theirs, others in references:
+            if theirs is not mine:
+                apart = difference(mine, theirs)
+                if not apart.nothing:
+                    ranked.append((apart.mean, apart, others))
+        ranked.sort(key=lambda entry: entry[0])
+        for k in wanted:
+            counted: list[K] = []
+            for _, apart, others in ranked:
+                counted += [o for o in others if o != k]
+                if len(counted) >= rank:
+                    found[k] = apart
+                    break
+    return found
 
 
-def _median(values: list[tuple[float, int]]) -> float:
-    """The median of values each held `weight` times."""
-    ordered = sorted(values)
-    total = sum(weight for _, weight in ordered)
-    low, high = (total - 1) // 2, total // 2
-    found: list[float] = []
-    seen = 0
-    for value, weight in ordered:
-        while len(found) < 2 and seen + weight > (low if not found else high):
-            found.append(value)
-        seen += weight
-        if len(found) == 2:
-            break
-    return (found[0] + found[1]) / 2
-
-
-def _values(values: list[tuple[int, float | None, int]], at: int, text: str | None, worst: dict[int, _Worst]) -> None:
-    real = [(i, v, w) for i, v, w in values if v is not None]
-    if len(real) < 2 or min(v for _, v, _ in real) == max(v for _, v, _ in real):
-        return  # alike here: nothing differs
-    middle = _median([(v, w) for _, v, w in real])
-    for i, v, _ in real:
-        difference = abs(v - middle)
-        if difference > worst.get(i, (-1.0,))[0]:
-            worst[i] = (difference, at, text, v, middle)
+def _question(peers: Mapping[K, Peer], question: int) -> tuple[dict[K, Logprobs], float] | None:
+    """Every member's answer to `question` and the group's noise there; None until each has answered it and had its
+    noise measured: a group is never judged by part of it."""
+    answering = {k: p for k, p in peers.items() if p.answers}
+    if len(answering) < 2 or any(question not in p.answers or question not in p.noise for p in answering.values()):
+        return None
+    return {k: p.answers[question] for k, p in answering.items()}, max(p.noise[question] for p in answering.values())
 
 
 def compare(
-    peers: Mapping[K, Peer], *, tolerance: float = DEFAULT_TOLERANCE, confirmations: int = DEFAULT_CONFIRMATIONS,
-    streaks: Mapping[K, int] | None = None, fresh: Mapping[K, Collection[str]] | None = None,
-) -> dict[K, Comparison[K]]:
-    """Every member of one group against the group's majority: the fingerprint first, then each endpoint's answers.
+    peers: Mapping[K, Peer], *, before: Mapping[K, Evidence] | None = None,
+    fresh: Mapping[K, Collection[int]] | None = None,
+) -> Judgement[K]:
+    """Every member of one group against the others: the file's content first, then each question's answers.
 
-    `streaks` are the members' streaks from the last comparison, `fresh` each member's endpoints with an answer newer
-    than it (None: every answer is fresh). A streak grows only when a fresh answer disagrees, so one noisy answer is
-    counted once however often its group is compared before that endpoint is asked again; one that agrees ends it.
+    `before` is each member's evidence from the last comparison, `fresh` the questions each member answered since
+    (None: every answer is fresh). Each fresh answer is counted once, however often the group is compared meanwhile.
     """
-    found: Findings[K] = {}
-    compared: set[K] = set()
-    differences: dict[K, float] = {}
-    _fingerprints(peers, found, compared)
-    endpoints = {e for p in peers.values() for e in p.answers}
-    for endpoint in sorted(endpoints):
-        answers = {k: p.answers[endpoint] for k, p in peers.items() if endpoint in p.answers}
-        if len(answers) >= 2:
-            _answers(endpoint, answers, tolerance, found, compared, differences)
+    found, compared = _fields(peers, CONTENT_FIELDS)
+    shown, _ = _fields(peers, DEPLOYMENT_FIELDS)
+    evidence = {k: (before or {}).get(k, Evidence()) for k in peers}
+    said: dict[K, str] = {}
+    for question in range(len(QUESTIONS)):
+        asked = _question(peers, question)
+        if asked is None:
+            continue
+        answers, noise = asked
+        compared.update(answers)
+        counting = [k for k in answers if fresh is None or question in fresh.get(k, ())]
+        for k, apart in _nearest(answers, counting).items():
+            evidence[k] = evidence[k].after(score(apart, noise))
+            parted = f", parting at token {apart.parted}" if apart.parted is not None else ""
+            said[k] = (f"question {question}: {apart.mean:.3f} nats from its nearest peers{parted}, "
+                       f"{score(apart, noise):.1f} times the group's noise ({max(noise, MARGIN):.3f})")
+    differ = {k for k in compared if k in found or evidence[k].decided}
+    agree = compared - differ
     results: dict[K, Comparison[K]] = {}
     for k in peers:
-        difference = differences.get(k)
-        findings = found.get(k)
-        if k not in compared:
-            results[k] = Comparison(None)
-        elif not findings:
-            results[k] = Comparison(True, largest_difference=difference)
+        deployment = shown[k].detail if k in shown else ""
+        if k in found:
+            results[k] = Comparison(False, FINGERPRINT, _sorted(found[k].against), evidence[k], found[k].detail, deployment)
+        elif k not in compared:
+            results[k] = Comparison(None, deployment=deployment)
+        elif k in differ:
+            # Held against the members that agree; in a group without a majority, against every other one.
+            against = agree or (compared - {k})
+            results[k] = Comparison(False, ANSWERS, _sorted(against), evidence[k], said.get(k, ""), deployment)
         else:
-            finding = min(findings, key=lambda f: KINDS.index(f.kind))
-            before = (streaks or {}).get(k, 0)
-            new = fresh is None or any(f.endpoint in fresh.get(k, ()) for f in findings)
-            streak = before + 1 if new else before
-            confirmed = finding.kind == FINGERPRINT or streak >= confirmations
-            results[k] = Comparison(False, finding.kind, tuple(sorted(finding.against, key=str)), difference,
-                                    streak, confirmed, finding.detail)
-    return results
+            results[k] = Comparison(True, evidence=evidence[k], detail=said.get(k, ""), deployment=deployment)
+    return Judgement(results)
+
+
+def _sorted(members: Collection[K]) -> tuple[K, ...]:
+    return tuple(sorted(members, key=str))

@@ -10,7 +10,7 @@ from typing import Literal
 import pydantic
 
 from ..probe.canary import Tally
-from .peers import Comparison
+from .peers import Standing
 from .state import ModelState
 from .verdict import Freshness, Verdict
 
@@ -101,31 +101,37 @@ class EndpointEntry(EndpointReport):
 
 @dataclass(kw_only=True)
 class PeersEntry:
-    """How a model stands with its peer group (specwatch.peers): the second judgement, beside the fill-in verdict."""
+    """How a model stands with its peer group (specwatch.core.peers): the second judgement, beside the fill-in verdict."""
 
     group: str
     agreement: bool | None
-    """False once a disagreement is confirmed (a fingerprint at once); None before there is anything to compare."""
+    """False once it differs (its file's content at once, its answers once the test decides); None with nothing to
+    compare it with yet."""
     kind: str | None = None
-    """"fingerprint", "tokens" or "logprobs" when it disagrees."""
+    """"fingerprint" or "answers" when it differs."""
     held_against: list[str] = field(default_factory=list)
     """The replicas it is held against, named as `member_name` names them."""
-    largest_difference: float | None = None
-    """The largest logprob difference to the group's median in the last comparison."""
+    evidence: float | None = None
+    """How far the test has come towards deciding that its answers differ, from 0 to 1 (1: decided)."""
+    group_agreement: bool | None = None
+    """The group's judgement: False when any member differs (the group serves more than one model)."""
+    split: bool = False
+    """The group has no majority: every member compared differs, so none is the reference (a pair that differs)."""
     detail: str = ""
+    deployment: str = ""
+    """How its deployment (build, file name) differs from the group's: shown, never counted."""
 
 
-def peers_entry(group: str, comparison: Comparison[str], confirmations: int) -> PeersEntry:
-    """A comparison as the verdicts document shows it: a disagreement not yet confirmed is said, not counted."""
-    counted = comparison.counted
-    detail = comparison.detail
-    if comparison.agreement is False and not comparison.confirmed:
-        detail = f"unconfirmed ({comparison.streak} of {confirmations} answers): {detail}"
-    difference = comparison.largest_difference
+def peers_entry(standing: Standing) -> PeersEntry:
+    """A standing as the verdicts document, the landing page and the gates show it."""
+    comparison = standing.comparison
+    differs = comparison.agreement is False
     return PeersEntry(
-        group=group, agreement=counted, kind=comparison.kind if counted is False else None,
-        held_against=list(comparison.held_against) if counted is False else [],
-        largest_difference=None if difference is None else round(difference, 4), detail=detail,
+        group=standing.group, agreement=comparison.agreement, kind=comparison.kind if differs else None,
+        held_against=list(comparison.held_against) if differs else [],
+        evidence=None if comparison.agreement is None else round(comparison.evidence.share, 3),
+        group_agreement=standing.group_agreement, split=standing.split, detail=comparison.detail,
+        deployment=comparison.deployment,
     )
 
 

@@ -16,8 +16,10 @@ from ..probe import probes
 from ..probe.canary import Tally
 from ..probe.http.fetch import Fetcher
 from ..probe.keyfiles import KeyFiles
+from ..probe.logprobs import Logprobs
 from ..reasons import ProbeFailure, Reason
 from ..settings.targets import ServerConfig
+from .evidence import spread
 from .state import Change, Fleet, ModelState
 from .verdict import worth_another_pass
 
@@ -119,6 +121,10 @@ class Runner:
     def _meta_asked(self, server: ServerConfig, key: str, measured: Measured[dict[str, str]]) -> None:
         """After /v1/models' meta of a model was recorded (empty when it could not be read)."""
 
+    def _peer_asked(self, server: ServerConfig, key: str, question: int, measured: Measured[Logprobs],
+                    change: Change | None) -> None:
+        """After a peer probe's answer (or failure) was recorded."""
+
     def _known_slots(self, server: ServerConfig) -> probes.KnownSlots:
         """Which /slots answers the next poll of `server` may reuse: none by default."""
         return probes.ask_always
@@ -155,6 +161,42 @@ class Runner:
             # Not asked again before the next process: the fingerprint then goes without what /v1/models would add.
             self.fleet.record_meta(server.name, key, measured.result or {}, props.identity)
             self._meta_asked(server, key, measured)
+
+    async def ask_peers(self, server: ServerConfig, key: str, questions: Sequence[int], *, burst: int) -> None:
+        """Ask the peer probe `questions` in turn; a question whose noise this process has not shown yet is asked
+        `burst` times more at once (its slots then decode in one batch, as under load), and the spread of those
+        answers is its noise there (0 for a server of one slot, which never batches). A failure ends the round."""
+        self.fleet.start_peer_round(server.name, key, now=self._clock())
+        timeout = self.policy.timeout_for(server, canary=True)
+
+        def ask(question: int) -> Callable[[], Awaitable[Logprobs]]:
+            return lambda: probes.peer_probe(self.fetcher, server, question, timeout=timeout, model=key or None,
+                                             api_key=self.keys.key_of(server))
+
+        for question in questions:
+            async with self._gate(canary=True):  # once for a burst too: its copies must go out together
+                solo = await measure(ask(question), timeout, self._monotonic)
+                state = self.fleet.get(server.name)
+                model = state.models.get(key) if state is not None else None
+                noise: float | None = None
+                copies = 1
+                if solo.result is not None and model is not None and question not in model.peer_answers.noise:
+                    noise = 0.0
+                    if burst > 1:
+                        together = await asyncio.gather(*(measure(ask(question), timeout, self._monotonic)
+                                                          for _ in range(burst)))
+                        answers = [m.result for m in together if m.result is not None]
+                        # A burst cut short measured less than the noise: asked again at the next round.
+                        noise = spread([solo.result, *answers]) if len(answers) == burst else None
+                        copies += len(answers)
+            if solo.reason is Reason.NOT_LOADED:
+                self._unloaded(server, key, self.fleet.record_unloaded(server.name, key))
+                return
+            change = self.fleet.record_peer_answer(server.name, key, question, answer=solo.result, noise=noise,
+                                                   copies=copies, reason=solo.reason, detail=solo.detail, now=self._clock())
+            self._peer_asked(server, key, question, solo, change)
+            if solo.result is None:
+                return
 
     async def round(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint], *, full: bool) -> None:
         """Canary `endpoints` of one model; a full round that leaves a speculating model unproven runs again."""

@@ -9,10 +9,12 @@ from types import MappingProxyType
 
 from ..endpoints import Endpoint
 from ..probe.canary import Tally
+from ..probe.logprobs import Logprobs
 from ..probe.probes import PLAIN, ModelPoll, PollResult, ServerPoll
 from ..reasons import Reason
 from ..settings.targets import ServerConfig
-from .peers import META_FIELDS, Fingerprint, Peer, Standing, group_of
+from .answered import PeerAnswers
+from .peers import CONTENT_FIELDS, Fingerprint, Peer, Standing, group_of
 from .verdict import Decision, EndpointEvidence, Evidence, decide
 
 UNKNOWN = "unknown"
@@ -77,11 +79,13 @@ class ModelState:
     canary_tokens: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     """Canary tokens "requested" (asked for) and "generated" (in the answers)."""
     meta: Mapping[str, str] | None = None
-    """What /v1/models says of the model file (peers.META_FIELDS); None before it was asked."""
+    """What /v1/models says of the model file (peers.CONTENT_FIELDS); None before it was asked."""
     meta_for: tuple[object, ...] | None = None
     """The process (Props.identity) `meta` was asked of: another process is asked again."""
     peers: Standing | None = None
     """Its standing in its peer group after the last comparison; None outside any comparison."""
+    peer_answers: PeerAnswers = field(default_factory=PeerAnswers)
+    """Its answers to the peer probe in this process."""
 
     def fingerprint(self) -> Fingerprint | None:
         """What the server says of the model file, for comparing it with its peers; None while it is not polled."""
@@ -89,15 +93,14 @@ class ModelState:
             return None
         props = self.poll.props
         known = self.meta if self.meta is not None and self.meta_for == props.identity else _EMPTY
-        return Fingerprint(build=props.build, file=props.file, **{k: known.get(k, "") for k in META_FIELDS})
+        return Fingerprint(build=props.build, file=props.file, **{k: known.get(k, "") for k in CONTENT_FIELDS})
 
     def peer(self) -> Peer | None:
         """This model as its group's comparison sees it: None while it is not polled and loaded."""
         fingerprint = self.fingerprint()
         if fingerprint is None or not self.loaded:
             return None
-        answers = {e.value: c.tally.logprobs for e, c in self.canaries.items() if c.tally is not None and c.tally.logprobs}
-        return Peer(fingerprint, answers)
+        return Peer(fingerprint, self.peer_answers.answers, self.peer_answers.noise)
 
 
     @property
@@ -170,18 +173,15 @@ class ModelState:
         else:
             due = self.full_round_due or ("back" if self.poll is None else None)
         process = found.result.props.media_marker
-        if changed and self.seen is not None:
-            # Verdicts of what ran before a change say nothing about what runs now.
-            canaries = _EMPTY
-        elif process != self.process and self.process is not None:
-            # A restart with the same setup keeps its fill-in verdicts, but the new process may have loaded other
-            # weights under the same file name: its peers compare only what it answered itself.
-            canaries = MappingProxyType({e: _unanswered(c) for e, c in self.canaries.items()})
-        else:
-            canaries = self.canaries
+        # Verdicts of what ran before a change say nothing about what runs now; a restart with the same setup keeps
+        # its fill-in verdicts, but the new process may have loaded other weights under the same file name: its peers
+        # hold it to what it answers itself, with its evidence begun anew.
+        canaries = _EMPTY if changed and self.seen is not None else self.canaries
+        anew = (changed and self.seen is not None) or (process != self.process and self.process is not None)
         return self._kept_decision(replace(
             self, status=found.status, poll=found.result, poll_failure=None, seen=now_seen, full_round_due=due,
             slots_at=now if found.slots_asked else self.slots_at, process=process or self.process, canaries=canaries,
+            peer_answers=self.peer_answers.anew() if anew else self.peer_answers, peers=None if anew else self.peers,
         ))
 
     def _decided_from(self) -> tuple[object, ...]:
@@ -198,13 +198,6 @@ class ModelState:
         if "decision" in self.__dict__ and after.canaries is self.canaries and after._decided_from() == self._decided_from():
             after.__dict__["decision"] = self.__dict__["decision"]  # what cached_property would store
         return after
-
-
-def _unanswered(canary: CanaryState) -> CanaryState:
-    """The canary's verdict without the answer it keeps for comparing with peers."""
-    if canary.tally is None or canary.tally.logprobs is None:
-        return canary
-    return replace(canary, tally=replace(canary.tally, logprobs=None))
 
 
 @dataclass(frozen=True)
@@ -335,6 +328,29 @@ class Fleet:
             model = server.models.get(key) if server is not None else None
             if model is not None and model.peers != standing:
                 self._update_model(name, key, {"peers": standing})
+
+    def record_peer_answer(self, name: str, key: str, question: int, *, answer: Logprobs | None,
+                           noise: float | None = None, copies: int = 1, reason: Reason | None = None,
+                           detail: str = "", now: float) -> Change | None:
+        """A peer probe's answer to `question` (with the noise a burst of `copies` measured), or why it failed."""
+        old = self._servers.get(name)
+        model = old.models.get(key) if old is not None else None
+        if model is None:
+            return None
+        held = model.peer_answers
+        if answer is None or reason is not None:
+            held = held.failed(reason or Reason.INTERNAL, detail)
+        else:
+            held = held.answered(question, answer, noise, copies=copies)
+        return self._update_model(name, key, {"peer_answers": held})
+
+    def start_peer_round(self, name: str, key: str, *, now: float) -> Change | None:
+        """A peer probe round began: the next is due a canary_interval from now."""
+        old = self._servers.get(name)
+        model = old.models.get(key) if old is not None else None
+        if model is None:
+            return None
+        return self._update_model(name, key, {"peer_answers": replace(model.peer_answers, asked_at=now)})
 
     def start_round(self, name: str, key: str, *, full: bool, now: float) -> Change | None:
         """A canary round began: the next one is due a canary_interval from now; a full one is no longer due."""

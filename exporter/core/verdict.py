@@ -234,29 +234,36 @@ def through_a_front_end(decision: Decision) -> Decision:
 
 @dataclass(frozen=True)
 class Disagreement:
-    """A replica that disagrees with its peer group's majority (specwatch.peers), as a gate names it."""
+    """A replica that differs from its peer group (specwatch.core.peers), as a gate names it."""
 
     name: str
     """The server, and a router's model after a slash."""
     kind: str
-    """fingerprint, tokens or logprobs."""
+    """fingerprint or answers."""
     held_against: tuple[str, ...]
     detail: str
 
 
 DISAGREEING_EXIT_CODE = 1
-"""A gate's exit code when a replica it selected disagrees with its peers: as for fill-ins, do not score."""
+"""A gate's exit code when a replica it selected differs from its peers: as for fill-ins, do not score."""
 
 
-def beside_peers(decision: Decision, disagreements: Sequence[Disagreement]) -> tuple[Decision, int]:
-    """The fill-in verdict unchanged, the peer judgement beside it: any replica that disagrees makes a gate exit 1."""
-    if not disagreements:
-        return decision, decision.verdict.exit_code
-    each = "; ".join(f"{d.name} ({d.kind}: {d.detail}; held against {', '.join(d.held_against) or 'the others'})"
-                     for d in disagreements)
-    said = (f"{len(disagreements)} replica(s) disagree with their peer group, so an eval routed across them mixes "
-            f"models: {each}")
-    return Decision(decision.verdict, f"{decision.summary}; {said}"), DISAGREEING_EXIT_CODE
+def among_peers(decision: Decision, disagreements: Sequence[Disagreement],
+                undecided: Sequence[str] = ()) -> tuple[Decision, int]:
+    """The fill-in verdict kept, the peer judgement said first: a replica that differs makes a gate exit 1, one the
+    test could not decide on 2 (never clean)."""
+    if disagreements:
+        each = "; ".join(f"{d.name} ({d.kind}: {d.detail}; held against {', '.join(d.held_against) or 'the others'})"
+                         for d in disagreements)
+        said = (f"{len(disagreements)} replica(s) differ from their peer group, so an eval routed across them mixes "
+                f"models: {each}")
+        return Decision(decision.verdict, f"{said}; {decision.summary}"), DISAGREEING_EXIT_CODE
+    if undecided:
+        said = (f"the peer test could not tell within its bound whether {', '.join(undecided)} answer as their peers "
+                "do (their answers differ by more than the noise, not yet by enough to decide): check again")
+        code = decision.verdict.exit_code or Verdict.UNCHECKED.exit_code  # a verdict that says "do not score" stays
+        return Decision(decision.verdict, f"{said}; {decision.summary}"), code
+    return decision, decision.verdict.exit_code
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,7 @@ def _model_entry(key: str, model: ModelState, state: ServerState, settings: Sett
         max_age_seconds=round(bound, 3),
         max_poll_age_seconds=freshness.poll_bound,
         fresh=freshness.fresh,
-        peers=None if model.peers is None else peers_entry(model.peers.group, model.peers.comparison,
-                                                           settings.peer_confirmations),
+        peers=None if model.peers is None else peers_entry(model.peers),
     )
 
 

@@ -93,6 +93,20 @@ def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT
     return Round(tuple(picks), full=False, rotation=rotation) if picks else None
 
 
+def peers_due(model: ModelState, now: float, *, interval: float, poll_interval: float = 0.0) -> tuple[int, ...] | None:
+    """The peer probe's questions due for a member of a peer group at `now`, or None: every question at the first round
+    of its process (its group compares a question once every member has answered it), then one per `interval`, the
+    one answered longest ago (or not yet: a failed round leaves its questions to the next)."""
+    if model.poll is None or not model.loaded:
+        return None
+    held = model.peer_answers
+    if held.asked_at is None:
+        return tuple(held.due()) or None
+    if _reached(now - held.asked_at, interval, poll_interval):
+        return (held.next_question(),)
+    return None
+
+
 def freshness_bound(model: ModelState, *, poll_interval: float, interval: float, timeout: float,
                     tokens: int = DEFAULT_TOKENS, tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> float:
     """How old the oldest endpoint's last successful canary may be before a verdict resting on it is stale.

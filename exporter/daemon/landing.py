@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from ..core.report import PeersEntry, endpoint_state, model_report, peers_entry
 from ..core.state import ServerState
 from ..core.verdict import SEVERITY, Verdict
-from ..settings.schema import DEFAULT_CONFIRMATIONS
 from ..version import __version__
 
 
@@ -43,15 +42,17 @@ def peer_words(entry: PeersEntry | None, group: str | None = None) -> str:
         return f"group {group}: no peer to compare with" if group else ""
     if entry.agreement is None:
         return f"group {entry.group}: nothing to compare yet"
+    deployment = f"; deployed otherwise: {entry.deployment}" if entry.deployment else ""
     if entry.agreement is False:
-        return (f"disagrees with group {entry.group} ({entry.kind}): {entry.detail}; "
-                f"held against {', '.join(entry.held_against)}")
-    difference = f", largest logprob difference {entry.largest_difference:g}" if entry.largest_difference else ""
-    pending = f"; {entry.detail}" if entry.detail else ""
-    return f"agrees with group {entry.group}{difference}{pending}"
+        split = ", which has no majority" if entry.split else ""
+        return (f"disagrees with group {entry.group}{split} ({entry.kind}): {entry.detail}; "
+                f"held against {', '.join(entry.held_against)}{deployment}")
+    evidence = f", evidence {entry.evidence:.0%} of the way to differing" if entry.evidence else ""
+    others = "; others in the group differ" if entry.group_agreement is False else ""
+    return f"agrees with group {entry.group}{evidence}{others}{deployment}"
 
 
-def rows(state: ServerState, now: float, confirmations: int = DEFAULT_CONFIRMATIONS) -> list[Row]:
+def rows(state: ServerState, now: float) -> list[Row]:
     if state.poll_success is None:
         poll = "not polled yet"
     elif not state.poll_success:
@@ -74,7 +75,7 @@ def rows(state: ServerState, now: float, confirmations: int = DEFAULT_CONFIRMATI
         last = model.last_canary_at
         entries = model_report(key, model).endpoints
         standing = model.peers
-        peers = None if standing is None else peers_entry(standing.group, standing.comparison, confirmations)
+        peers = None if standing is None else peers_entry(standing)
         found.append(Row(
             server=state.config.name, url=state.config.url, model=key, verdict=model.decision.verdict,
             summary=model.decision.summary, poll=detail, poll_age=poll_age,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import structlog
 
+from ..core.evidence import Evidence
 from ..core.peers import OPT_OUT, Comparison, Peer, Standing, compare, fresh, member_name
 from ..core.state import Fleet, ModelState
+from ..probe.llama import Props
 from ..probe.logprobs import Logprobs
 
 log = structlog.get_logger("specwatch")
@@ -22,19 +25,18 @@ Member = tuple[str, str]
 class PeerBoard:
     """Which group each watched model is in, which groups changed since compared, and the comparing itself."""
 
-    def __init__(self, fleet: Fleet, monotonic: Callable[[], float], *, tolerance: float, confirmations: int,
-                 max_gap: float) -> None:
+    def __init__(self, fleet: Fleet, monotonic: Callable[[], float], *, max_gap: float) -> None:
         self._fleet = fleet
         self._monotonic = monotonic
-        self.tolerance, self.confirmations, self.max_gap = tolerance, confirmations, max_gap
+        self.max_gap = max_gap
         self._groups: dict[str, set[Member]] = {}
         self._by_server: dict[str, dict[str, str]] = {}
         """Each server's models by key, with their group."""
         self._dirty: set[str] = set()
         self._compared_at: dict[str, float] = {}
-        self._seen: dict[Member, Mapping[str, Logprobs]] = {}
+        self._seen: dict[Member, Mapping[int, Logprobs]] = {}
         """The answers each member's last comparison saw: any other is fresh for the next one."""
-        self._inputs: dict[Member, tuple[object, ...]] = {}
+        self._inputs: dict[Member, _Brought] = {}
         """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
         self._unpolled: set[str] = set()
         """Servers not polled yet since they were added: until each has answered or failed once, a group may be a part
@@ -44,9 +46,9 @@ class PeerBoard:
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
         those by fingerprint across shards (alerts/specwatch.rules.yml)."""
 
-    def configure(self, *, tolerance: float, confirmations: int, max_gap: float) -> None:
+    def configure(self, *, max_gap: float) -> None:
         """Reloaded settings: every group is compared again under them."""
-        self.tolerance, self.confirmations, self.max_gap = tolerance, confirmations, max_gap
+        self.max_gap = max_gap
         self._dirty.update(self._groups)
         self._compared_at.clear()
         self._inputs.clear()
@@ -84,10 +86,8 @@ class PeerBoard:
             member = (name, key)
             self._groups.setdefault(group, set()).add(member)
             model = state.models.get(key) if state is not None else None
-            inputs = _inputs(group, model)
-            last = self._inputs.get(member)
-            # The canaries by identity: a poll keeps the very mapping, each canary makes a new one.
-            if last is None or last[:-1] != inputs[:-1] or last[-1] is not inputs[-1]:
+            inputs = _Brought.of(group, model)
+            if not inputs.same(self._inputs.get(member)):
                 self._inputs[member] = inputs
                 self._dirty.add(group)
         if now:
@@ -96,6 +96,11 @@ class PeerBoard:
             self._by_server.pop(name, None)
         if gone:
             self._fleet.record_peers(gone)
+
+    def compared(self, name: str, key: str) -> bool:
+        """Whether a watched model has a peer to be compared with: its group has two members or more."""
+        group = self._by_server.get(name, {}).get(key)
+        return group is not None and len(self._groups.get(group, ())) >= 2
 
     def forget(self, names: set[str]) -> None:
         """Servers a reload removed: they leave their groups."""
@@ -133,8 +138,8 @@ class PeerBoard:
     def _compare(self, group: str, members: set[Member]) -> None:
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
-        streaks: dict[str, int] = {}
-        new: dict[str, set[str]] = {}
+        evidence: dict[str, Evidence] = {}
+        new: dict[str, set[int]] = {}
         before: dict[Member, Standing | None] = {}
         for member in members:
             server = self._fleet.get(member[0])
@@ -146,42 +151,61 @@ class PeerBoard:
             name = member_name(*member)
             peers[name], names[name], before[member] = peer, member, model.peers
             last = model.peers if model.peers is not None and model.peers.group == group else None
-            streaks[name] = last.comparison.streak if last is not None else 0
+            evidence[name] = last.comparison.evidence if last is not None else Evidence()
             new[name] = fresh(peer, self._seen.get(member, {}) if last is not None else {})
-        results = compare(peers, tolerance=self.tolerance, confirmations=self.confirmations, streaks=streaks, fresh=new)
+        judgement = compare(peers, before=evidence, fresh=new)
         for name, peer in peers.items():
             self._seen[names[name]] = peer.answers
         # A group of one compares nothing: it has no standing, as an opted-out server has none.
         standings: dict[Member, Standing | None] = {m: None for m in members}
         if len(peers) >= 2:
-            standings.update({names[n]: Standing(group, c) for n, c in results.items()})
+            standings.update({names[n]: Standing(group, c, judgement.agreement, judgement.split)
+                              for n, c in judgement.members.items()})
         for member, standing in standings.items():
             _log_change(member, before.get(member), standing)
         self._fleet.record_peers(standings)
 
 
-def _inputs(group: str, model: ModelState | None) -> tuple[object, ...]:
-    """What a member brings to its group's comparison, the canaries last."""
-    if model is None:
-        return (group, None, None, None, None)
-    return (group, model.loaded, model.poll.props if model.poll is not None else None, model.meta_for, model.canaries)
+@dataclass(frozen=True, eq=False)
+class _Brought:
+    """What a member brings to its group's comparison: a poll that changes none of it compares nothing again."""
+
+    group: str
+    loaded: bool | None
+    props: Props | None
+    meta_for: tuple[object, ...] | None
+    answers: Mapping[int, Logprobs] | None
+    noise: Mapping[int, float] | None
+
+    @classmethod
+    def of(cls, group: str, model: ModelState | None) -> _Brought:
+        if model is None:
+            return cls(group, None, None, None, None, None)
+        return cls(group, model.loaded, model.poll.props if model.poll is not None else None, model.meta_for,
+                   model.peer_answers.answers, model.peer_answers.noise)
+
+    def same(self, other: _Brought | None) -> bool:
+        """Alike in what is compared by value; the answers and the noise by identity (each answer makes new ones)."""
+        return (other is not None and (self.group, self.loaded, self.props, self.meta_for)
+                == (other.group, other.loaded, other.props, other.meta_for)
+                and self.answers is other.answers and self.noise is other.noise)
 
 
 def _shown(standing: Standing | None) -> tuple[bool | None, str | None]:
     comparison = standing.comparison if standing is not None else Comparison[str](None)
-    return comparison.counted, comparison.kind if comparison.counted is False else None
+    return comparison.agreement, comparison.kind if comparison.agreement is False else None
 
 
 def _log_change(member: Member, old: Standing | None, new: Standing | None) -> None:
-    """One line when a model's counted agreement (or the kind of its disagreement) changes, not one per comparison."""
-    if _shown(old) == _shown(new) or new is None or new.comparison.counted is None:
+    """One line when a model's agreement (or the kind of its disagreement) changes, not one per comparison."""
+    if _shown(old) == _shown(new) or new is None or new.comparison.agreement is None:
         return
-    if new.comparison.counted and _shown(old)[0] is not False:
+    if new.comparison.agreement and _shown(old)[0] is not False:
         return  # a first comparison that agrees is no news
     where = {"server": member[0], **({"model": member[1]} if member[1] else {}), "peer_group": new.group}
     comparison = new.comparison
-    if comparison.counted is False:
+    if comparison.agreement is False:
         log.warning("peers_disagree", kind=comparison.kind, held_against=list(comparison.held_against),
-                    largest_difference=comparison.largest_difference, detail=comparison.detail, **where)
+                    evidence=round(comparison.evidence.share, 3), detail=comparison.detail, split=new.split, **where)
     else:
         log.info("peers_agree", previous=_shown(old)[1], **where)

@@ -136,8 +136,7 @@ class Daemon:
 
     def landing_page(self) -> str:
         now = time.time()
-        confirmations = self.settings.peer_confirmations
-        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now, confirmations)])
+        return landing.render([row for state in self.fleet.snapshot() for row in landing.rows(state, now)])
 
     def sd(self, verdict: str | None) -> list[dict[str, Any]]:
         """GET /sd: the watched llama-servers as Prometheus http_sd target groups."""

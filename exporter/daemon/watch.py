@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +18,12 @@ from ..endpoints import Endpoint
 from ..probe.canary import Tally
 from ..probe.http.fetch import Fetcher
 from ..probe.llama import Props, Slots
+from ..probe.logprobs import Logprobs
+from ..probe.peerprobe import BURST
 from ..probe.probes import PLAIN, KnownSlots
 from ..settings.schema import Settings
 from ..settings.targets import ServerConfig
-from .cadence import Round, due, slots_known
+from .cadence import Round, due, peers_due, slots_known
 from .peering import PeerBoard
 
 log = structlog.get_logger("specwatch")
@@ -66,8 +68,7 @@ class Watcher(Runner):
         """Every tick, poll and canary in flight (the rounds among them), so that close() can end them."""
         self._closed = False
         self._streaks: dict[tuple[str, ...], _Streak] = {}
-        self.peers = PeerBoard(fleet, monotonic, tolerance=settings.peer_tolerance,
-                               confirmations=settings.peer_confirmations, max_gap=settings.poll_interval)
+        self.peers = PeerBoard(fleet, monotonic, max_gap=settings.poll_interval)
         self.peers.expect({s.config.name for s in fleet.snapshot()})
 
     @property
@@ -97,8 +98,7 @@ class Watcher(Runner):
         self.fleet.reconcile(servers, settings.canary_endpoints)
         names = {s.name for s in servers}
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
-        self.peers.configure(tolerance=settings.peer_tolerance, confirmations=settings.peer_confirmations,
-                             max_gap=settings.poll_interval)
+        self.peers.configure(max_gap=settings.poll_interval)
         self.peers.forget(before - names)
         self.peers.expect(names - before)
         for name in names:
@@ -163,9 +163,16 @@ class Watcher(Runner):
                         tokens_speculating=self.settings.canary_tokens_speculating,
                         poll_interval=self.settings.poll_interval)
             if found is not None and ("canary", name, key) not in self._in_flight:
-                task = asyncio.ensure_future(self.canary(name, key, found))
-                self._rounds.add(task)
-                task.add_done_callback(self._rounds.discard)
+                self._start(self.canary(name, key, found))
+            questions = peers_due(model, now, interval=self.settings.canary_interval,
+                                  poll_interval=self.settings.poll_interval) if self.peers.compared(name, key) else None
+            if questions and ("peers", name, key) not in self._in_flight:
+                self._start(self.peer_round(name, key, questions))
+
+    def _start(self, round_: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(round_)
+        self._rounds.add(task)
+        task.add_done_callback(self._rounds.discard)
 
     async def poll(self, name: str) -> None:
         server = None if self._closed else self._claim(("poll", name))
@@ -233,6 +240,38 @@ class Watcher(Runner):
                       duration=round(measured.duration, 4), **where)
         _log_changes(name, change)
         self.peers.touch(name)
+        self.peers.settle()
+
+    async def peer_round(self, name: str, key: str, questions: tuple[int, ...]) -> None:
+        """The peer probe's due questions for one model of a server in a peer group of two or more."""
+        state = self.fleet.get(name)
+        if state is None or self._closed or self._claim(("peers", name, key)) is None:
+            return
+        try:
+            model = state.models.get(key)
+            if model is None or model.poll is None:
+                return
+            slots = model.poll.props.total_slots
+            burst = BURST if slots is None else min(BURST, slots) if slots > 1 else 0
+            with self._tracked():
+                await self.ask_peers(state.config, key, questions, burst=burst)
+        except asyncio.CancelledError:
+            log.debug("peer_probe_cancelled", server=name)  # shutdown: nothing to record, and nothing after it
+            raise
+        finally:
+            self._in_flight.discard(("peers", name, key))
+
+    def _peer_asked(self, server: ServerConfig, key: str, question: int, measured: Measured[Logprobs],
+                    change: Change | None) -> None:
+        where = {"server": server.name, **({"model": key} if key else {}), "question": question}
+        streak = ("peers", server.name, key)
+        if measured.result is None:
+            self._trouble(streak, "peer_probe_failed", measured.reason.value if measured.reason else "",
+                          detail=measured.detail, duration=round(measured.duration, 4), **where)
+        else:
+            self._over(streak, "peer_probe_recovered", **where)
+        _log_changes(server.name, change)
+        self.peers.touch(server.name)
         self.peers.settle()
 
     def _unloaded(self, server: ServerConfig, key: str, change: Change | None) -> None:

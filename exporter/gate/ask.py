@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..core.report import VERDICTS_PATH, EndpointEntry, PeersEntry, VerdictsDocument, read_verdicts
-from ..core.verdict import SEVERITY, Decision, Disagreement, Verdict, beside_peers, held, selection_verdict
+from ..core.verdict import SEVERITY, Decision, Disagreement, Verdict, among_peers, held, selection_verdict
 from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher
 from ..reasons import ProbeFailure
@@ -189,7 +189,7 @@ async def ask(
     decision = selection_verdict(found, any_watched=watched > 0, selection=_describe(report.selection))
     disagreements = [d for m in report.models if (d := m.disagreement) is not None]
     report.disagreeing = [d.name for d in disagreements]
-    decision, exit_code = beside_peers(decision, disagreements)
+    decision, exit_code = among_peers(decision, disagreements)
     decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict
     return report
 
@@ -203,12 +203,13 @@ def _describe(selection: dict[str, Any]) -> str:
 
 
 def render_text(report: AskReport) -> str:
-    lines = [f"{report.verdict.upper()}: {report.summary}"]
+    refused = f"REFUSED (replicas differ; fill-in verdict {report.verdict})" if report.disagreeing else report.verdict.upper()
+    lines = [f"{refused}: {report.summary}"]
     for m in report.models:
         name = m.server + (f" model {m.model}" if m.model else "")
         age = "never confirmed" if m.age_seconds is None else f"confirmed {m.age_seconds:.0f}s ago"
         lines.append(f"  {name}: {m.verdict.upper()} ({age}): {m.summary}")
         if (d := m.disagreement) is not None:
-            lines.append(f"    DISAGREES with its peer group {m.peers.group if m.peers else '?'} ({d.kind}): {d.detail}; "
+            lines.append(f"    DIFFERS from its peer group {m.peers.group if m.peers else '?'} ({d.kind}): {d.detail}; "
                          f"held against {', '.join(d.held_against) or 'the others'}")
     return "\n".join(lines)

@@ -6,23 +6,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.peers import Comparison, Peer, compare, member_name
-from ..core.report import EndpointReport, ModelReport, PeersEntry, model_report, peers_entry
+from ..core.report import EndpointReport, ModelReport, model_report
 from ..core.runner import Runner, measure
 from ..core.state import Fleet, ServerState
 from ..core.verdict import (
     NO_V1_ENDPOINT_ASKED,
     Decision,
-    Disagreement,
     RouterModel,
     Verdict,
     behind_a_balancer,
-    beside_peers,
     key_hint,
     load_failed,
     router_verdict,
     through_a_front_end,
-    worst,
 )
 from ..endpoints import Endpoint
 from ..probe import probes
@@ -31,7 +27,6 @@ from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher
 from ..probe.keyfiles import KeyFiles
 from ..reasons import ProbeFailure, Reason
-from ..settings.schema import DEFAULT_CONFIRMATIONS, DEFAULT_TOLERANCE
 from ..settings.targets import ServerConfig
 from . import oneserver
 from .options import CHECK, Spelling
@@ -106,17 +101,17 @@ async def run_check(
 
     Nothing is ever loaded unless `load` asks for the configured model: a check must not change what it checks.
     """
-    report, _ = await _run(server, endpoints=endpoints, tokens=tokens, timeout=timeout, max_bytes=max_bytes,
-                           connect=connect, load=load, spelling=spelling)
+    report, _ = await checked(server, endpoints=endpoints, tokens=tokens, timeout=timeout, max_bytes=max_bytes,
+                              connect=connect, load=load, spelling=spelling)
     return report
 
 
-async def _run(
+async def checked(
     server: ServerConfig, *, endpoints: list[Endpoint], tokens: int, timeout: float, max_bytes: int,
     connect: Callable[[], Client], load: bool, spelling: Spelling, meta: bool = False,
-) -> tuple[CheckReport, ServerState | None]:
-    """run_check, and the state it ended in (None where it stopped before canarying): what a comparison reads, with
-    each model's /v1/models meta when `meta` asks for it."""
+) -> tuple[CheckReport, Runner | None]:
+    """run_check, and the runner it ended with (None where it stopped before canarying): its fleet of one is what a
+    comparison reads, with each model's /v1/models meta when `meta` asks for it; its fetcher's client is closed."""
     server = server.model_copy(update={"name": CHECKED})
     policy, keys = CheckPolicy(tokens, timeout), KeyFiles()
     async with connect() as http:
@@ -158,84 +153,7 @@ async def _run(
     if gateway:
         report.gateway, report.unreachable = True, list(GATEWAY_HIDES)
         decision = through_a_front_end(decision)
-    return decision.onto(report), _state(runner)
-
-
-@dataclass
-class ChecksReport:
-    """`specwatch check URL URL ...`: each server's check, and the servers compared with their peers among them."""
-
-    verdict: str = Verdict.UNCHECKED.value
-    exit_code: int = Verdict.UNCHECKED.exit_code
-    summary: str = ""
-    disagreeing: list[str] = field(default_factory=list)
-    """The servers (a router's model after a slash) that disagree with their peer group's majority: exit 1."""
-    peers: dict[str, PeersEntry] = field(default_factory=dict)
-    """Each compared server's standing; a server alone in its group (by model name) is compared with nothing."""
-    servers: list[CheckReport] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-Member = tuple[str, ServerState | None]
-
-
-async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
-                     max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], Client] = new_client,
-                     load: bool = False, confirmations: int = DEFAULT_CONFIRMATIONS,
-                     spelling: Spelling = CHECK) -> ChecksReport:
-    """Check every server, then compare the models that report the same name as the daemon compares a peer group.
-
-    A disagreement in answers counts once `confirmations` checks in a row confirm it (the servers are checked again
-    while one is unconfirmed); a fingerprint counts at once.
-    """
-    streaks: dict[str, int] = {}
-    for _ in range(confirmations):
-        checked = [await _run(server, endpoints=endpoints, tokens=tokens, timeout=timeout, max_bytes=max_bytes,
-                              connect=connect, load=load, spelling=spelling, meta=True) for server in servers]
-        results = _compared([(report.url, state) for report, state in checked], streaks, confirmations)
-        if all(c.confirmed or c.agreement is not False for _, c in results.values()):
-            break
-        streaks = {name: c.streak for name, (_, c) in results.items()}
-    reports = [report for report, _ in checked]
-    report = ChecksReport(servers=reports, peers={n: peers_entry(g, c, confirmations) for n, (g, c) in results.items()})
-    disagreements = [Disagreement(n, c.kind or "", c.held_against, c.detail) for n, (_, c) in results.items()
-                     if c.counted is False]
-    report.disagreeing = [d.name for d in disagreements]
-    name, decision = worst((r.url, Decision(Verdict(r.verdict), r.summary)) for r in reports)
-    decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {len(reports)} checked)")
-    decision, exit_code = beside_peers(decision, disagreements)
-    decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict
-    return report
-
-
-def _compared(checked: list[Member], streaks: dict[str, int], confirmations: int) -> dict[str, tuple[str, Comparison[str]]]:
-    """Each checked model's comparison with the others of its group, by member name."""
-    groups: dict[str, dict[str, Peer]] = {}
-    for url, state in checked:
-        for key, model in (state.models.items() if state is not None else ()):
-            peer, group = model.peer(), state.peer_group(key)
-            if peer is not None and group is not None:
-                groups.setdefault(group, {})[member_name(url, key)] = peer
-    results: dict[str, tuple[str, Comparison[str]]] = {}
-    for group, peers in groups.items():
-        if len(peers) >= 2:
-            compared = compare(peers, tolerance=DEFAULT_TOLERANCE, confirmations=confirmations, streaks=streaks)
-            results.update({name: (group, comparison) for name, comparison in compared.items()})
-    return results
-
-
-def render_checks(report: ChecksReport) -> str:
-    lines = [f"{report.verdict.upper()}: {report.summary}"]
-    for checked in report.servers:
-        lines += ["", render_text(checked)]
-    if report.peers:
-        lines.append("")
-        for name, entry in report.peers.items():
-            said = {True: "agrees", False: "DISAGREES", None: "nothing to compare"}[entry.agreement]
-            lines.append(f"peers {entry.group}: {name} {said}" + (f" ({entry.kind}): {entry.detail}" if entry.kind else ""))
-    return "\n".join(lines)
+    return decision.onto(report), runner
 
 
 GATEWAY_HIDES = ("/props", "/slots")

@@ -10,7 +10,6 @@ from typing import Any
 
 from ..endpoints import Endpoint
 from ..reasons import ProbeFailure, Reason
-from .logprobs import Logprobs, logprobs_of
 from .readers import (
     Chunk,
     Reading,
@@ -60,8 +59,6 @@ class Tally:
     draft_accepted: int | None
     model: str | None = None
     """The model the answer says produced it, when it says."""
-    logprobs: Logprobs | None = None
-    """What this answer brings to a comparison with the model's peers."""
 
     @property
     def judged_tokens(self) -> int:
@@ -180,7 +177,6 @@ def classify(reading: Reading) -> Tally:
         draft_n=reading.draft_n,
         draft_accepted=reading.draft_accepted,
         model=reading.model,
-        logprobs=logprobs_of(tokens),
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from ..endpoints import Endpoint
 from ..reasons import ProbeFailure, Reason
+from . import peerprobe
 from .canary import TABLE, Tally, judge
 from .http.fetch import Fetcher
 from .llama import (
@@ -29,6 +30,7 @@ from .llama import (
     parse_props,
     parse_slots,
 )
+from .logprobs import Logprobs
 
 PLAIN = ""
 """The key of the one model of a server watched without a `model:`: its series carry no model label."""
@@ -158,6 +160,21 @@ async def canary(
     with _secret_free(api_key):
         return await _canary(fetcher, target, endpoint, tokens=tokens, timeout=timeout, model=model or None,
                              api_key=api_key)
+
+
+async def peer_probe(
+    fetcher: Fetcher, target: Target, question: int, *, timeout: float, model: str | None = None,
+    api_key: SecretStr | None = None,
+) -> Logprobs:
+    """One question of the peer probe; `model` names a router's model (or the configured one) and is never loaded."""
+    with _secret_free(api_key):
+        query = "?autoload=false" if model else ""
+        answer = await fetcher.post_json(f"{target.url}{peerprobe.PATH}{query}", peerprobe.body(question, model),
+                                         headers=auth_headers(api_key), timeout=timeout)
+        logprobs, answered_by = peerprobe.read(answer)
+        if model and answered_by and model not in names_of(answered_by):
+            raise ProbeFailure(Reason.MODEL_MISMATCH, f"asked model {model!r}, answered by {answered_by[:100]!r}")
+        return logprobs
 
 
 async def gateway_poll(fetcher: Fetcher, target: Target, *, timeout: float, api_key: SecretStr | None = None) -> ServerPoll:

@@ -26,11 +26,11 @@ DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVER_NAME = "local"
 DEFAULT_POLL_INTERVAL, DEFAULT_CANARY_INTERVAL = 15.0, 60.0
 DEFAULT_POLL_TIMEOUT, DEFAULT_CANARY_TIMEOUT = 5.0, 30.0
-DEFAULT_TOLERANCE = 0.5
-"""How far a real token's logprob (or an alternative's) may move with the same tokens: measured up to 0.081 (0.40 for
-alternatives) on replicas of one file and build with other requests decoding beside the canary."""
-DEFAULT_CONFIRMATIONS = 3
-"""Fresh canary answers in a row that must disagree before an answer disagreement counts; a fingerprint counts at once."""
+RETIRED = {
+    "peer_tolerance": "replicas' answers are compared by a sequential test against the noise measured on the group",
+    "peer_confirmations": "replicas' answers are compared by a sequential test against the noise measured on the group",
+}
+"""Keys of an older release that are read and ignored, each with why (a warning in the log, never a refusal)."""
 NO_SERVERS = (
     "lists no servers: put the fleet under servers:, e.g. servers: [{name: eval-a, url: 'http://10.0.0.5:8080'}] "
     f"(a config that watches nothing is refused, so a truncated file cannot unwatch a fleet; without any config "
@@ -166,10 +166,10 @@ class Settings(BaseModel):
     canary_endpoints: list[Endpoint] = Field(default_factory=lambda: list(Endpoint))
     max_concurrency: int = Field(default=64, ge=1, le=10_000)
     max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    peer_tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0, le=100)
-    """How far a real token's logprob, or an alternative's, may move between peers with the same tokens."""
-    peer_confirmations: int = Field(default=DEFAULT_CONFIRMATIONS, ge=1, le=100)
-    """Fresh canary answers in a row that must disagree with the peers' before it counts (a fingerprint counts at once)."""
+    peer_tolerance: float | None = None
+    """Retired (RETIRED says why): accepted, ignored."""
+    peer_confirmations: int | None = None
+    """Retired (RETIRED says why): accepted, ignored."""
     shard: str | None = None
     file_sd_configs: list[FileSDConfig] = Field(default_factory=list)
     http_sd_configs: list[HttpSDConfig] = Field(default_factory=list)
@@ -185,7 +185,9 @@ class Settings(BaseModel):
     @property
     def warnings(self) -> tuple[str, ...]:
         """Things worth a line in the log that do not make the configuration invalid (a misspelled variable)."""
-        return self._warnings
+        retired = tuple(f"{key} is no longer used ({why}): remove it" for key, why in RETIRED.items()
+                        if getattr(self, key) is not None)
+        return self._warnings + retired
 
     @field_validator("canary_endpoints")
     @classmethod

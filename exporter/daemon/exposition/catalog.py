@@ -72,12 +72,19 @@ SERVER: tuple[Family, ...] = (
            "What the server says of its model file without generating a token (/props' build and model_path's file name, "
            f"/v1/models' meta, asked once per process; \"\" where not reported), and its peer group; always 1. {_POLLED}"),
     Family("specwatch_peer_agreement", "gauge", ("peer_group",),
-           "1 when the model agrees with its peer group's majority (fingerprint, canary tokens, logprobs within "
-           "peer_tolerance), 0 once a disagreement is confirmed; absent for a group of one, a server taken out of "
-           "comparisons, or before there is anything to compare."),
-    Family("specwatch_peer_largest_difference", "gauge", ("peer_group",),
-           "The largest logprob difference of the model's real canary tokens (and their alternatives) to its peer "
-           "group's median in the last comparison; absent when nothing was compared."),
+           "1 when the model agrees with its peer group, 0 once it differs: its file's content (quantization, size, "
+           "shape) at once, its answers to the peer probe once the sequential test decides; absent for a group of one, "
+           "a server taken out of comparisons, or before there is anything to compare."),
+    Family("specwatch_peer_evidence", "gauge", ("peer_group",),
+           "How far the sequential test has come towards deciding that the model's answers differ from its peer "
+           "group's, from 0 to 1 (1: decided); absent while nothing was compared."),
+    Family("specwatch_peer_noise_nats", "gauge", (),
+           "The batching noise measured on the model: the largest spread of its answers to one peer-probe question asked "
+           "several times at once (0 for one slot), in nats per value compared; absent before it was measured."),
+    Family("specwatch_peer_probes", "counter", ("outcome",),
+           "Peer probes by outcome (success, failure), each copy of a burst counted; both from the first."),
+    Family("specwatch_peer_probe_failures", "counter", ("reason",),
+           "Failed peer probes by reason (a closed set; see the README)."),
     Family("specwatch_canaries", "counter", ("outcome",), "Canaries by outcome (success, failure); both from the first canary."),
     Family("specwatch_canary_failures", "counter", ("endpoint", "reason"),
            "Failed canaries by endpoint and reason (a closed set; see the README)."),

@@ -142,15 +142,22 @@ def peer_samples(out: Sink, server: ServerState) -> None:
         if fingerprint is not None:
             labels = tuple((name, getattr(fingerprint, name)) for name in FINGERPRINT_FIELDS)
             out.add("specwatch_model_fingerprint_info", (*extra, ("peer_group", server.peer_group(key) or ""), *labels), 1)
+        held = model.peer_answers
+        if held.outcomes:
+            for outcome in ("success", "failure"):
+                out.add("specwatch_peer_probes", (*extra, ("outcome", outcome)), held.outcomes.get(outcome, 0))
+            for reason, count in held.failures.items():
+                out.add("specwatch_peer_probe_failures", (*extra, ("reason", reason.value)), count)
+        if held.noise:
+            out.add("specwatch_peer_noise_nats", extra, round(max(held.noise.values()), 4))
         standing = model.peers
         if standing is None:
             continue
         where = (*extra, ("peer_group", standing.group))
-        counted = standing.comparison.counted
-        if counted is not None:
-            out.add("specwatch_peer_agreement", where, int(counted))
-        if standing.comparison.largest_difference is not None:
-            out.add("specwatch_peer_largest_difference", where, round(standing.comparison.largest_difference, 4))
+        agreement = standing.comparison.agreement
+        if agreement is not None:
+            out.add("specwatch_peer_agreement", where, int(agreement))
+            out.add("specwatch_peer_evidence", where, round(standing.comparison.evidence.share, 4))
 
 
 def verdict_samples(out: Sink, server: ServerState) -> None:
@@ -211,7 +218,8 @@ def _canaries_key(server: ServerState) -> tuple[object, ...]:
 
 def _peers_key(server: ServerState) -> tuple[object, ...]:
     return (server.router, server.config.peer_group,
-            tuple((key, m.peers, m.meta, m.meta_for, m.loaded, None if m.poll is None else m.poll.props)
+            tuple((key, m.peers, m.meta, m.meta_for, m.loaded, None if m.poll is None else m.poll.props,
+                   m.peer_answers.outcomes, m.peer_answers.failures, m.peer_answers.noise)
                   for key, m in server.models.items()))
 
 
@@ -245,5 +253,6 @@ GROUPS: tuple[Group, ...] = (
            "specwatch_serving_placeholders")),
     Group(verdict_samples, _verdict_key, ("specwatch_verdict",)),
     Group(peer_samples, _peers_key,
-          ("specwatch_model_fingerprint_info", "specwatch_peer_agreement", "specwatch_peer_largest_difference")),
+          ("specwatch_model_fingerprint_info", "specwatch_peer_agreement", "specwatch_peer_evidence",
+           "specwatch_peer_noise_nats", "specwatch_peer_probes", "specwatch_peer_probe_failures")),
 )

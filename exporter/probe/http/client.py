@@ -13,8 +13,9 @@ LLAMA_KEEPALIVE_SECONDS = 5.0
 KEEPALIVE_SECONDS = LLAMA_KEEPALIVE_SECONDS - 1.0
 """An idle connection is given up this long after its answer: llama-server closes one idle for 5 s ("Keep-Alive:
 timeout=5"), and reusing one near that moment races its close."""
-CONNECTIONS_PER_SERVER = 4
-"""The watcher probes a server with at most one poll and one canary at a time: a few connections always suffice."""
+CONNECTIONS_PER_SERVER = 6
+"""The watcher probes a server with at most one poll and one canary or peer probe at a time, the peer probe's burst
+of copies asked at once among them: a few connections always suffice."""
 DNS_CACHE_SECONDS = 30.0
 """A host name is looked up at most this often: at 1,000 servers a lookup per poll would keep the resolver's few
 threads busy, and a moved server is found again within this."""

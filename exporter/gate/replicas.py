@@ -1,0 +1,160 @@
+"""`specwatch check URL URL ...`: every server checked, then the models that report one name compared as replicas with
+the daemon's test, the peer probe asked as many times as the test needs to decide, within a bound."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..core.evidence import Evidence
+from ..core.peers import Judgement, Peer, Standing, compare, fresh, member_name
+from ..core.report import PeersEntry, peers_entry
+from ..core.runner import Runner
+from ..core.verdict import Decision, Disagreement, Verdict, among_peers, worst
+from ..endpoints import Endpoint
+from ..probe.http.client import Client, new_client
+from ..probe.http.fetch import Fetcher
+from ..probe.logprobs import Logprobs
+from ..probe.peerprobe import BURST, QUESTIONS
+from ..settings.targets import ServerConfig
+from .check import CHECKED, CheckReport, checked, render_text
+from .options import CHECK, Spelling
+
+ROUNDS = 3
+"""How often each question is asked of each replica at most: the test decides within that, or the check says undecided."""
+
+
+@dataclass
+class ChecksReport:
+    """`specwatch check URL URL ...`: each server's check, and the servers compared with their peers among them."""
+
+    verdict: str = Verdict.UNCHECKED.value
+    """The fill-in verdict: the worst of the servers checked."""
+    exit_code: int = Verdict.UNCHECKED.exit_code
+    summary: str = ""
+    disagreeing: list[str] = field(default_factory=list)
+    """The servers (a router's model after a slash) that differ from their peer group: exit 1."""
+    undecided: list[str] = field(default_factory=list)
+    """The servers the test could not decide on within its bound: exit 2 (never clean), unless one differs."""
+    peers: dict[str, PeersEntry] = field(default_factory=dict)
+    """Each compared server's standing; a server alone in its group (by model name) is compared with nothing."""
+    servers: list[CheckReport] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Member:
+    runner: Runner
+    server: ServerConfig
+    key: str
+    seen: dict[int, Logprobs] = field(default_factory=dict)
+    """The answers the last comparison saw: any other is fresh for the next one."""
+
+    @property
+    def peer(self) -> Peer | None:
+        state = self.runner.fleet.get(CHECKED)
+        model = state.models.get(self.key) if state is not None else None
+        return model.peer() if model is not None else None
+
+    @property
+    def burst(self) -> int:
+        state = self.runner.fleet.get(CHECKED)
+        model = state.models.get(self.key) if state is not None else None
+        slots = model.poll.props.total_slots if model is not None and model.poll is not None else None
+        return BURST if slots is None else min(BURST, slots) if slots > 1 else 0
+
+
+async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
+                     max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], Client] = new_client,
+                     load: bool = False, spelling: Spelling = CHECK) -> ChecksReport:
+    """Check every server, then compare the models that report one name, as the daemon compares a peer group."""
+    reports: list[CheckReport] = []
+    groups: dict[str, dict[str, _Member]] = {}
+    for server in servers:
+        report, runner = await checked(server, endpoints=endpoints, tokens=tokens, timeout=timeout, max_bytes=max_bytes,
+                                       connect=connect, load=load, spelling=spelling, meta=True)
+        reports.append(report)
+        state = runner.fleet.get(CHECKED) if runner is not None else None
+        for key, model in (state.models.items() if state is not None and runner is not None else ()):
+            group = state.peer_group(key)
+            if model.peer() is not None and group is not None:
+                config = server.model_copy(update={"name": CHECKED})
+                groups.setdefault(group, {})[member_name(server.url, key)] = _Member(runner, config, key)
+    compared = {group: members for group, members in groups.items() if len(members) >= 2}
+    standings: dict[str, Standing] = {}
+    unsettled: list[str] = []
+    if compared:
+        async with connect() as http:
+            fetcher = Fetcher(http, max_bytes)
+            for group, members in compared.items():
+                judgement = await _decided(members, fetcher)
+                standings |= {n: Standing(group, c, judgement.agreement, judgement.split)
+                              for n, c in judgement.members.items()}
+                unsettled += [n for n, c in judgement.members.items() if not _settled(c.agreement, c.evidence)]
+    report = ChecksReport(servers=reports, peers={n: peers_entry(s) for n, s in standings.items()})
+    disagreements = [Disagreement(n, s.comparison.kind or "", s.comparison.held_against, s.comparison.detail)
+                     for n, s in standings.items() if s.comparison.agreement is False]
+    report.disagreeing = [d.name for d in disagreements]
+    report.undecided = [] if disagreements else unsettled
+    name, decision = worst((r.url, Decision(Verdict(r.verdict), r.summary)) for r in reports)
+    decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {len(reports)} checked)")
+    decision, exit_code = among_peers(decision, disagreements, report.undecided)
+    decision.onto(report).exit_code = exit_code  # a replica that differs makes it 1, an undecided one 2
+    return report
+
+
+async def _decided(members: dict[str, _Member], fetcher: Fetcher) -> Judgement[str]:
+    """Ask the group's members the peer probe until the test settles each of them, or ROUNDS of every question."""
+    evidence: dict[str, Evidence] = {}
+    judgement: Judgement[str] = Judgement({})
+    for turn in range(ROUNDS * len(QUESTIONS)):
+        for member in members.values():
+            member.runner.fetcher = fetcher  # the check's own client is closed by now
+            peer = member.peer
+            if peer is None:
+                continue
+            model = member.runner.fleet.get(CHECKED).models[member.key]  # type: ignore[union-attr]
+            # The first turn asks every question (a burst each, for the noise); each later turn one more question.
+            questions = model.peer_answers.due() if turn == 0 else [model.peer_answers.next_question()]
+            await member.runner.ask_peers(member.server, member.key, questions, burst=member.burst)
+        peers = {name: peer for name, member in members.items() if (peer := member.peer) is not None}
+        news = {name: fresh(peer, members[name].seen) for name, peer in peers.items()}
+        judgement = compare(peers, before=evidence, fresh=news)
+        for name, peer in peers.items():
+            members[name].seen = dict(peer.answers)
+        evidence = {name: c.evidence for name, c in judgement.members.items()}
+        if all(_settled(c.agreement, c.evidence) for c in judgement.members.values()):
+            break
+    return judgement
+
+
+def _settled(agreement: bool | None, evidence: Evidence) -> bool:
+    """The test has decided: the replica differs, or it answered every question and its evidence is back at nothing."""
+    return agreement is False or (agreement is True and evidence.answers >= len(QUESTIONS) and evidence.total == 0.0)
+
+
+def render_checks(report: ChecksReport) -> str:
+    lines = [headline(report)]
+    for one in report.servers:
+        lines += ["", render_text(one)]
+    if report.peers:
+        lines.append("")
+        for name, entry in report.peers.items():
+            said = {True: "agrees", False: "DIFFERS", None: "nothing to compare"}[entry.agreement]
+            if entry.agreement and name in report.undecided:
+                said = "UNDECIDED"
+            lines.append(f"peers {entry.group}: {name} {said}" + (f" ({entry.kind})" if entry.kind else "")
+                         + (f": {entry.detail}" if entry.detail else ""))
+    return "\n".join(lines)
+
+
+def headline(report: ChecksReport) -> str:
+    """The first line: the refusal first, when replicas differ or could not be told apart; else the fill-in verdict."""
+    if report.disagreeing:
+        return f"REFUSED (replicas differ; fill-in verdict {report.verdict}): {report.summary}"
+    if report.undecided:
+        return f"UNDECIDED (replicas not told apart; fill-in verdict {report.verdict}): {report.summary}"
+    return f"{report.verdict.upper()}: {report.summary}"
