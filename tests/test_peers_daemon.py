@@ -1,11 +1,12 @@
-"""Replicas compared by the daemon: fingerprints asked once per process, answers compared per group, shown everywhere."""
+"""Replicas compared by the daemon: fingerprints asked once per process, the peer probe asked of groups of two or more,
+each group judged whole, the standing shown on /metrics, the verdicts document, the landing page and in the log."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 
-import httpx
 import pytest
 import structlog
 
@@ -16,7 +17,9 @@ from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.landing import render, rows
 from specwatch.daemon.watch import Watcher
+from specwatch.probe.http.client import Client
 from specwatch.probe.http.fetch import Fetcher
+from specwatch.probe.peerprobe import BURST, PATH, QUESTIONS
 from specwatch.settings.schema import Settings
 from tests.conftest import FakeClock
 from tests.support.fakes import fake_fleet
@@ -29,7 +32,7 @@ Build = Callable[..., Watcher]
 @pytest.fixture
 async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
     """Watchers whose monotonic clock moves on at every look, so no comparison waits for the real time to pass."""
-    clients: list[httpx.AsyncClient] = []
+    clients: list[Client] = []
 
     def build(fakes: dict[str, FakeLlama | FakeRouter], servers: list[dict] | None = None, **kw: object) -> Watcher:
         settings = Settings(servers=servers or [{"name": n, "url": f"http://{n}:8080"} for n in fakes],
@@ -46,14 +49,13 @@ async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
 
 
 async def _rounds(watcher: Watcher, clock: FakeClock, times: int = 1) -> None:
-    """Every server polled (its meta asked when due) and canaried on every endpoint, `times` over."""
+    """A canary_interval goes by and every server's tick runs, with the canaries and peer probes it made due, `times` over."""
     for _ in range(times):
         clock.advance(60)
         for state in watcher.fleet.snapshot():
-            await watcher.poll(state.config.name)
-            await watcher.ask_meta(state.config.name)
-            for key in watcher.fleet.get(state.config.name).models:
-                await watcher.canary(state.config.name, key)
+            await watcher.tick(state.config.name)
+        while watcher._rounds:
+            await asyncio.gather(*watcher._rounds)
         watcher.peers.settle()
 
 
@@ -74,20 +76,25 @@ def _pool(**odd: object) -> dict[str, FakeLlama | FakeRouter]:
     return {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None), "c": FakeLlama.plain(tokens=None, **odd)}
 
 
-async def test_another_quantization_under_the_same_name_disagrees_at_once_by_fingerprint(watcher_of: Build,
-                                                                                        clock: FakeClock) -> None:
+def _asked(fake: FakeLlama) -> list[str]:
+    """The peer-probe questions a look-alike was asked, in order."""
+    return [r.json()["prompt"] for r in fake.requests if r.path == PATH and r.json().get("prompt") in QUESTIONS]
+
+
+async def test_another_quantization_under_the_same_name_differs_at_once_by_fingerprint(watcher_of: Build,
+                                                                                      clock: FakeClock) -> None:
     watcher = watcher_of(_pool(ftype="Q4_0"))
     with structlog.testing.capture_logs() as logs:
-        await _rounds(watcher, clock)
-        await _rounds(watcher, clock)
+        await _rounds(watcher, clock, times=2)
     text = _text(watcher)
     assert value(text, "specwatch_peer_agreement", server="c", peer_group="tiny") == 0
     assert value(text, "specwatch_peer_agreement", server="a", peer_group="tiny") == 1
     assert value(text, "specwatch_model_fingerprint_info", server="c", ftype="Q4_0", file="tiny.gguf", n_vocab="320") == 1
     peers = _document(watcher, clock)
     assert peers["c"] == {"group": "tiny", "agreement": False, "kind": "fingerprint", "held_against": ["a", "b"],
-                          "largest_difference": 0.0, "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'"}
-    assert peers["a"]["agreement"] is True and peers["a"]["kind"] is None
+                          "evidence": 0.0, "group_agreement": False, "split": False,
+                          "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": ""}
+    assert (peers["a"]["agreement"], peers["a"]["kind"], peers["a"]["group_agreement"]) == (True, None, False)
     said = [(e["event"], e["server"], e.get("kind")) for e in logs if e["event"].startswith("peers_")]
     assert said == [("peers_disagree", "c", "fingerprint")]  # once, not at every comparison
     assert "disagrees with group tiny (fingerprint)" in render(rows(watcher.fleet.get("c"), clock()))
@@ -107,46 +114,57 @@ async def test_meta_is_asked_once_per_process(watcher_of: Build, clock: FakeCloc
     assert asked() == 2
 
 
-async def test_another_text_counts_only_once_confirmed_by_fresh_answers(watcher_of: Build, clock: FakeClock) -> None:
-    watcher = watcher_of(_pool(cycle_shift=1), peer_confirmations=3, canary_endpoints=["chat"])
-    await _rounds(watcher, clock)
-    text = _text(watcher)
-    assert value(text, "specwatch_peer_agreement", server="c", peer_group="tiny") == 1  # one answer proves nothing
-    first = _document(watcher, clock)["c"]
-    assert first["agreement"] is True and first["detail"].startswith("unconfirmed (1 of 3 answers): chat: token 0")
-    # Comparing again without a new answer from c does not count its old one again.
-    await watcher.canary("a")
-    watcher.peers.settle()
-    assert watcher.fleet.get("c").model().peers.comparison.streak == 1
+async def test_the_peer_probe_asks_every_question_first_then_one_an_interval(watcher_of: Build, clock: FakeClock) -> None:
+    fakes = _pool(total_slots=4)
+    watcher = watcher_of(fakes)
+    await _rounds(watcher, clock)  # a is asked once b, polled after it, makes it a peer
+    assert _asked(fakes["a"]) == list(QUESTIONS)  # one slot: nothing batches, no burst
+    # Four slots: each question asked five times at once.
+    assert _asked(fakes["c"]) == [q for q in QUESTIONS for _ in range(1 + BURST)]
+    assert value(_text(watcher), "specwatch_peer_noise_nats", server="c") == 0.0  # a look-alike answers alike
     await _rounds(watcher, clock, times=2)
-    peers = _document(watcher, clock)["c"]
-    assert (peers["agreement"], peers["kind"], peers["held_against"]) == (False, "tokens", ["a", "b"])
-    assert value(_text(watcher), "specwatch_peer_agreement", server="c", peer_group="tiny") == 0
-    assert "specwatch_peer_largest_difference{peer_group=\"tiny\",server=\"c\"}" not in _text(watcher)
+    assert _asked(fakes["a"])[len(QUESTIONS):] == [QUESTIONS[0], QUESTIONS[1]]
+    text = _text(watcher)
+    assert value(text, "specwatch_peer_probes_total", server="a", outcome="success") == len(QUESTIONS) + 2
+    assert value(text, "specwatch_peer_probes_total", server="c", outcome="success") == len(QUESTIONS) * (1 + BURST) + 2
+    assert value(text, "specwatch_peer_probes_total", server="a", outcome="failure") == 0
 
 
-async def test_logprobs_beyond_the_tolerance_disagree_within_it_agree(watcher_of: Build, clock: FakeClock) -> None:
-    watcher = watcher_of(_pool(token_probability=0.3), peer_confirmations=1)  # log 0.7 - log 0.3 = 0.85
-    await _rounds(watcher, clock)
-    peers = _document(watcher, clock)["c"]
-    assert (peers["agreement"], peers["kind"], peers["largest_difference"]) == (False, "logprobs", 0.8473)
-    watcher = watcher_of(_pool(token_probability=0.65), peer_confirmations=1)  # 0.074: batching noise
-    await _rounds(watcher, clock)
-    assert _document(watcher, clock)["c"]["agreement"] is True
-    assert value(_text(watcher), "specwatch_peer_largest_difference", server="c", peer_group="tiny") == 0.0741
+async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of: Build, clock: FakeClock) -> None:
+    watcher = watcher_of(_pool(token_probability=0.65))  # log 0.7 - log 0.65 = 0.074 a token, 7.4 times the margin
+    with structlog.testing.capture_logs() as logs:
+        await _rounds(watcher, clock)  # the first round: six answers, decided
+    peers = _document(watcher, clock)
+    assert (peers["c"]["agreement"], peers["c"]["kind"], peers["c"]["held_against"], peers["c"]["evidence"]) == (
+        False, "answers", ["a", "b"], 1.0)
+    assert peers["c"]["detail"].startswith("question 5: 0.074 nats from its nearest peers, 7.4 times the group's noise")
+    assert (peers["a"]["agreement"], peers["a"]["evidence"]) == (True, 0.0)
+    text = _text(watcher)
+    assert (value(text, "specwatch_peer_agreement", server="c", peer_group="tiny"),
+            value(text, "specwatch_peer_evidence", server="c", peer_group="tiny")) == (0, 1.0)
+    said = [(e["event"], e["server"], e.get("kind")) for e in logs if e["event"].startswith("peers_")]
+    assert said == [("peers_disagree", "c", "answers")]
 
 
-async def test_a_speculating_replica_is_held_to_its_plain_peers_tokens(watcher_of: Build, clock: FakeClock) -> None:
+async def test_a_difference_below_the_margin_agrees(watcher_of: Build, clock: FakeClock) -> None:
+    watcher = watcher_of(_pool(token_probability=0.699))  # 0.0014 a token: no eval's number moves
+    await _rounds(watcher, clock, times=3)
+    assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "c": True}
+
+
+async def test_a_speculating_replica_is_held_to_its_plain_peers_texts(watcher_of: Build, clock: FakeClock) -> None:
     fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None), "d": FakeLlama.draft(tokens=None)}
-    watcher = watcher_of(fakes, peer_confirmations=1)
+    watcher = watcher_of(fakes)
     await _rounds(watcher, clock)
     assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "d": True}
-    fakes["d"].cycle_shift = 2
-    await _rounds(watcher, clock)
-    assert _document(watcher, clock)["d"]["kind"] == "tokens"
+    fakes["d"].cycle_shift = 2  # its text is not the model's
+    fakes["d"].media_marker = "<__media_restarted__>"
+    await _rounds(watcher, clock, times=2)
+    assert _document(watcher, clock)["d"]["kind"] == "answers"
 
 
-async def test_a_group_of_one_and_an_opted_out_server_compare_nothing(watcher_of: Build, clock: FakeClock) -> None:
+async def test_a_group_of_one_and_an_opted_out_server_are_not_asked_or_compared(watcher_of: Build,
+                                                                                clock: FakeClock) -> None:
     fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None, ftype="Q4_0"),
              "solo": FakeLlama.plain(tokens=None, model_alias="other.gguf")}
     servers = [{"name": "a", "url": "http://a:8080"}, {"name": "b", "url": "http://b:8080", "peer_group": "none"},
@@ -154,8 +172,9 @@ async def test_a_group_of_one_and_an_opted_out_server_compare_nothing(watcher_of
     watcher = watcher_of(fakes, servers=servers)
     await _rounds(watcher, clock)
     assert _document(watcher, clock) == {"a": None, "b": None, "solo": None}
+    assert [_asked(f) for f in fakes.values()] == [[], [], []]  # the peer probe costs a lone server nothing
     text = _text(watcher)
-    assert "specwatch_peer_agreement{" not in text
+    assert "specwatch_peer_agreement{" not in text and "specwatch_peer_probes_total{" not in text
     assert value(text, "specwatch_model_fingerprint_info", server="b", peer_group="", ftype="Q4_0") == 1
     assert value(text, "specwatch_model_fingerprint_info", server="solo", peer_group="other") == 1
     page = render([row for state in watcher.fleet.snapshot() for row in rows(state, clock())])
@@ -167,7 +186,7 @@ async def test_a_configured_group_joins_servers_of_other_names_and_a_reload_move
     fakes = {"a": FakeLlama.plain(tokens=None, model_alias="one", model_path="/m/tiny.gguf"),
              "b": FakeLlama.plain(tokens=None, model_alias="two", model_path="/m/tiny.gguf")}
     servers = [{"name": n, "url": f"http://{n}:8080", "peer_group": "pool"} for n in fakes]
-    watcher = watcher_of(fakes, servers=servers, peer_confirmations=1)
+    watcher = watcher_of(fakes, servers=servers)
     await _rounds(watcher, clock)
     peers = _document(watcher, clock)
     assert peers["a"]["group"] == "pool" and peers["a"]["agreement"] is True
@@ -177,18 +196,32 @@ async def test_a_configured_group_joins_servers_of_other_names_and_a_reload_move
     assert _document(watcher, clock) == {"a": None, "b": None}  # now each a group of one
 
 
-async def test_a_router_model_is_a_peer_of_a_plain_server_of_the_same_model(watcher_of: Build, clock: FakeClock) -> None:
+async def test_a_pair_that_differs_is_said_once_for_the_group_without_a_majority(watcher_of: Build,
+                                                                                 clock: FakeClock) -> None:
     router = FakeRouter(models={"tiny": FakeLlama.plain(tokens=None), "big": FakeLlama.plain(tokens=None)},
                         status={"tiny": "loaded", "big": "loaded"})
     fakes = {"router": router, "plain": FakeLlama.plain(tokens=None, model_alias="tiny", cycle_shift=3)}
-    watcher = watcher_of(fakes, peer_confirmations=1)
+    watcher = watcher_of(fakes)
     await _rounds(watcher, clock)
     peers = _document(watcher, clock)
     assert peers["router/big"] is None
-    assert (peers["plain"]["agreement"], peers["plain"]["kind"], peers["plain"]["held_against"]) == (
-        False, "tokens", ["router/tiny"])
-    assert peers["router/tiny"]["held_against"] == ["plain"]  # a group of two: each is named
+    assert (peers["plain"]["agreement"], peers["plain"]["kind"], peers["plain"]["held_against"], peers["plain"]["split"]) == (
+        False, "answers", ["router/tiny"], True)
+    assert (peers["router/tiny"]["held_against"], peers["router/tiny"]["split"]) == (["plain"], True)
     assert value(_text(watcher), "specwatch_peer_agreement", server="router", model="tiny", peer_group="tiny") == 0
+    assert "which has no majority" in render(rows(watcher.fleet.get("plain"), clock()))
+
+
+async def test_a_build_or_file_name_of_its_own_is_shown_never_counted(watcher_of: Build, clock: FakeClock) -> None:
+    fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None, build_info="b9-other"),
+             "c": FakeLlama.plain(tokens=None, model_path="/elsewhere/tiny-copy.gguf")}
+    watcher = watcher_of(fakes)
+    await _rounds(watcher, clock, times=2)
+    peers = _document(watcher, clock)
+    assert {k: p["agreement"] for k, p in peers.items()} == {"a": True, "b": True, "c": True}
+    assert peers["b"]["deployment"] == "build 'b9-other', the group's 'b0-unknown'"
+    assert peers["c"]["deployment"] == "file 'tiny-copy.gguf', the group's 'tiny.gguf'"
+    assert "deployed otherwise: build &#x27;b9-other&#x27;" in render(rows(watcher.fleet.get("b"), clock()))
 
 
 async def test_a_poll_that_changes_nothing_compares_nothing(watcher_of: Build, clock: FakeClock,
@@ -211,28 +244,31 @@ async def test_a_poll_that_changes_nothing_compares_nothing(watcher_of: Build, c
         await watcher.poll(name)
     watcher.peers.settle()
     assert compared == []
-    fakes["c"].build_info = "b9-other"  # an upgrade, seen at the next poll: compared at once
+    fakes["c"].ftype = "Q8_0"  # another file, seen once its process is asked /v1/models again
+    fakes["c"].media_marker = "<__media_restarted__>"
     await watcher.poll("c")
+    await watcher.ask_meta("c")
     watcher.peers.settle()
     assert compared == [{"a", "b", "c"}]
     assert watcher.fleet.get("c").model().peers.comparison.kind == "fingerprint"
 
 
-async def test_a_restart_with_the_same_setup_is_not_held_to_the_old_process_answers(watcher_of: Build,
-                                                                                   clock: FakeClock) -> None:
+async def test_a_restart_is_held_to_its_own_answers_with_its_evidence_begun_anew(watcher_of: Build,
+                                                                                clock: FakeClock) -> None:
     fakes = _pool(cycle_shift=1)
-    watcher = watcher_of(fakes, peer_confirmations=1, canary_endpoints=["chat"])
+    watcher = watcher_of(fakes, canary_endpoints=["chat"])
     await _rounds(watcher, clock)
-    assert _document(watcher, clock)["c"]["kind"] == "tokens"
+    assert _document(watcher, clock)["c"]["kind"] == "answers"
     # Restarted on the right weights, same file name, build and slots: the fill-in verdict stands, the answers go.
     fakes["c"].cycle_shift, fakes["c"].media_marker = 0, "<__media_restarted__>"
     await watcher.poll("c")
     watcher.peers.settle()
-    peers = _document(watcher, clock)["c"]
-    assert (peers["agreement"], peers["kind"]) == (True, None)
+    assert _document(watcher, clock)["c"]["agreement"] is None  # nothing of the new process to compare yet
     assert watcher.fleet.get("c").model().canaries  # the fill-in verdict of the same setup is kept
     await _rounds(watcher, clock)
-    assert _document(watcher, clock)["c"]["agreement"] is True
+    peers = _document(watcher, clock)["c"]
+    assert (peers["agreement"], peers["evidence"]) == (True, 0.0)
+    assert _asked(fakes["c"]).count(QUESTIONS[0]) == 2  # the new process was asked every question afresh
 
 
 async def test_no_group_is_judged_before_every_server_was_polled_once(watcher_of: Build, clock: FakeClock) -> None:
@@ -252,3 +288,20 @@ async def test_no_group_is_judged_before_every_server_was_polled_once(watcher_of
     watcher.peers.settle()
     peers = _document(watcher, clock)
     assert {n: peers[n]["agreement"] for n in fakes} == {"a": True, "b": False, "c": False, "d": True, "e": True}
+
+
+async def test_no_question_is_judged_before_every_member_answered_it(watcher_of: Build, clock: FakeClock) -> None:
+    fakes = _pool(token_probability=0.3)
+    watcher = watcher_of(fakes)
+    for name in fakes:
+        await watcher.poll(name)
+        await watcher.ask_meta(name)
+    for name in ("a", "c"):  # b has not answered the peer probe yet: c is not held against a alone
+        await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
+    watcher.peers.settle()
+    # The fingerprints agree; no answer was counted for anyone.
+    assert {k: (p["agreement"], p["evidence"]) for k, p in _document(watcher, clock).items()} == {
+        "a": (True, 0.0), "b": (True, 0.0), "c": (True, 0.0)}
+    await watcher.peer_round("b", "", tuple(range(len(QUESTIONS))))
+    watcher.peers.settle()
+    assert _document(watcher, clock)["c"]["agreement"] is False

@@ -35,8 +35,10 @@ CHANGES: dict[str, tuple[Any, Callable[[Daemon], bool]]] = {
                          and all(s.endpoints == tuple(d.watcher.settings.canary_endpoints) for s in d.fleet.snapshot())),
     "max_concurrency": (3, lambda d: d.watcher.concurrency == 3),
     "max_response_bytes": (2048, lambda d: d.watcher.fetcher.max_bytes == 2048),
-    "peer_tolerance": (0.25, lambda d: d.watcher.peers.tolerance == 0.25),
-    "peer_confirmations": (5, lambda d: d.watcher.peers.confirmations == 5),
+    # Retired keys: read, and said to be ignored (a warning the reload logs), never refused.
+    "peer_tolerance": (0.25, lambda d: any(w.startswith("peer_tolerance is no longer used") for w in d.settings.warnings)),
+    "peer_confirmations": (5, lambda d: any(w.startswith("peer_confirmations is no longer used")
+                                            for w in d.settings.warnings)),
     "shard": ("1/2", lambda d: 0 < len(d.fleet.snapshot()) < len(SERVERS)),
     # "{tmp}" is the test's own directory, where a target file waits.
     "file_sd_configs": ([{"files": ["{tmp}/targets-*.json"]}], lambda d: "10.9.9.9:8080" in {s.config.name for s in d.fleet.snapshot()}),

@@ -40,9 +40,7 @@ BAD_CONFIGS = [
      "servers[0] (a).peer_group: String should have at least 1 character"),
     ("servers:\n  - {name: a, url: 'http://h:1', labels: {peer_group: x}}\n",
      "servers[0] (a).labels: label name(s) ['peer_group'] are reserved by specwatch"),
-    (OK_SERVER + "peer_tolerance: 0\n", "peer_tolerance: Input should be greater than 0"),
     (OK_SERVER + "peer_tolerance: lots\n", "peer_tolerance: Input should be a valid number, unable to parse string as a number"),
-    (OK_SERVER + "peer_confirmations: 0\n", "peer_confirmations: Input should be greater than or equal to 1"),
     ("servers:\n  - {url: 'http://h:1'}\n", "servers[0].name: Field required"),
     ("servers:\n  - {name: a, url: 'http://h:1'}\n  - {name: a, url: 'http://h:2'}\n",
      "servers[1].name: 'a' is already used by servers[0]; names must be unique"),
@@ -356,3 +354,14 @@ def test_settings_import_no_http_nor_probes_and_probes_import_no_settings() -> N
               "print(sorted(m for m in sys.modules if m.startswith('specwatch.settings')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_a_retired_key_is_read_and_said_to_be_ignored(tmp_path: Path) -> None:
+    settings = _load(tmp_path, OK_SERVER + "peer_tolerance: 0.5\npeer_confirmations: 3\n")
+    assert list(settings.warnings) == [
+        "peer_tolerance is no longer used (replicas' answers are compared by a sequential test against the noise "
+        "measured on the group): remove it",
+        "peer_confirmations is no longer used (replicas' answers are compared by a sequential test against the noise "
+        "measured on the group): remove it",
+    ]
+    assert list(_load(tmp_path, OK_SERVER).warnings) == []

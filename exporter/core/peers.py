@@ -104,6 +104,9 @@ class Judgement(Generic[K]):
     """A group compared: each member's standing, and the group's."""
 
     members: dict[K, Comparison[K]]
+    counted: dict[K, set[int]] = field(default_factory=dict)
+    """The questions whose answer each member had counted in this comparison: a caller marks those seen, and only those
+    (an answer to a question not every member has answered yet waits, fresh, for the comparison that counts it)."""
 
     @property
     def agreement(self) -> bool | None:
@@ -210,9 +213,9 @@ def _nearest(answers: Mapping[K, Logprobs], asked: Collection[K]) -> dict[K, Dif
 
 
 def _question(peers: Mapping[K, Peer], question: int) -> tuple[dict[K, Logprobs], float] | None:
-    """Every member's answer to `question` and the group's noise there; None until each has answered it and had its
-    noise measured: a group is never judged by part of it."""
-    answering = {k: p for k, p in peers.items() if p.answers}
+    """Every member's answer to `question` and the group's noise there; None until each member that answers (it is
+    polled and loaded) has answered it and had its noise measured: a group is never judged by part of it."""
+    answering = {k: p for k, p in peers.items() if p.fingerprint is not None}
     if len(answering) < 2 or any(question not in p.answers or question not in p.noise for p in answering.values()):
         return None
     return {k: p.answers[question] for k, p in answering.items()}, max(p.noise[question] for p in answering.values())
@@ -231,6 +234,7 @@ def compare(
     shown, _ = _fields(peers, DEPLOYMENT_FIELDS)
     evidence = {k: (before or {}).get(k, Evidence()) for k in peers}
     said: dict[K, str] = {}
+    counted: dict[K, set[int]] = {}
     for question in range(len(QUESTIONS)):
         asked = _question(peers, question)
         if asked is None:
@@ -238,6 +242,8 @@ def compare(
         answers, noise = asked
         compared.update(answers)
         counting = [k for k in answers if fresh is None or question in fresh.get(k, ())]
+        for k in counting:
+            counted.setdefault(k, set()).add(question)
         for k, apart in _nearest(answers, counting).items():
             evidence[k] = evidence[k].after(score(apart, noise))
             parted = f", parting at token {apart.parted}" if apart.parted is not None else ""
@@ -258,7 +264,7 @@ def compare(
             results[k] = Comparison(False, ANSWERS, _sorted(against), evidence[k], said.get(k, ""), deployment)
         else:
             results[k] = Comparison(True, evidence=evidence[k], detail=said.get(k, ""), deployment=deployment)
-    return Judgement(results)
+    return Judgement(results, counted)
 
 
 def _sorted(members: Collection[K]) -> tuple[K, ...]:

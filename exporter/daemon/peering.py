@@ -41,6 +41,8 @@ class PeerBoard:
         self._unpolled: set[str] = set()
         """Servers not polled yet since they were added: until each has answered or failed once, a group may be a part
         of itself (two odd replicas of five, with no majority), and a fingerprint counts at once."""
+        self._waiting: set[str] = set()
+        """Servers whose model was alone in its group until another joined: their peer probe is due at once."""
         self.configured_only = False
         """Sharded: only groups set in the config, which a shard watches whole (shard.shard_key); a group by model
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
@@ -84,7 +86,10 @@ class PeerBoard:
                 gone[(name, key)] = None
         for key, group in now.items():
             member = (name, key)
-            self._groups.setdefault(group, set()).add(member)
+            members = self._groups.setdefault(group, set())
+            if member not in members and len(members) == 1:
+                self._waiting |= {server for server, _ in members}  # it had no peer to be asked for until now
+            members.add(member)
             model = state.models.get(key) if state is not None else None
             inputs = _Brought.of(group, model)
             if not inputs.same(self._inputs.get(member)):
@@ -96,6 +101,11 @@ class PeerBoard:
             self._by_server.pop(name, None)
         if gone:
             self._fleet.record_peers(gone)
+
+    def waiting(self) -> set[str]:
+        """The servers whose model just got its first peer (and forgets them): their peer probe is due now."""
+        waiting, self._waiting = self._waiting, set()
+        return waiting
 
     def compared(self, name: str, key: str) -> bool:
         """Whether a watched model has a peer to be compared with: its group has two members or more."""
@@ -154,8 +164,9 @@ class PeerBoard:
             evidence[name] = last.comparison.evidence if last is not None else Evidence()
             new[name] = fresh(peer, self._seen.get(member, {}) if last is not None else {})
         judgement = compare(peers, before=evidence, fresh=new)
-        for name, peer in peers.items():
-            self._seen[names[name]] = peer.answers
+        for name, questions in judgement.counted.items():
+            answers = peers[name].answers
+            self._seen[names[name]] = {**self._seen.get(names[name], {}), **{q: answers[q] for q in questions}}
         # A group of one compares nothing: it has no standing, as an opted-out server has none.
         standings: dict[Member, Standing | None] = {m: None for m in members}
         if len(peers) >= 2:

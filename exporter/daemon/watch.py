@@ -139,6 +139,8 @@ class Watcher(Runner):
             await self.poll(name)
             await self.ask_meta(name)
             self.start_due_rounds(name)
+            for other in self.peers.waiting() - {name}:
+                self.start_due_rounds(other)
             self.peers.settle()
 
     async def ask_meta(self, name: str) -> None:

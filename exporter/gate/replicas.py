@@ -123,8 +123,8 @@ async def _decided(members: dict[str, _Member], fetcher: Fetcher) -> Judgement[s
         peers = {name: peer for name, member in members.items() if (peer := member.peer) is not None}
         news = {name: fresh(peer, members[name].seen) for name, peer in peers.items()}
         judgement = compare(peers, before=evidence, fresh=news)
-        for name, peer in peers.items():
-            members[name].seen = dict(peer.answers)
+        for name, questions in judgement.counted.items():
+            members[name].seen |= {q: peers[name].answers[q] for q in questions}
         evidence = {name: c.evidence for name, c in judgement.members.items()}
         if all(_settled(c.agreement, c.evidence) for c in judgement.members.values()):
             break
