@@ -1,4 +1,4 @@
-"""What comparing peer groups costs the daemon at fleet scale: CPU per canary, in groups of a given size."""
+"""What comparing peer groups costs the daemon at fleet scale: CPU per peer-probe answer, in groups of a given size."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from specwatch.core.state import Fleet
 from specwatch.daemon.peering import PeerBoard
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.fetch import Fetcher
+from specwatch.probe.peerprobe import QUESTIONS
 from specwatch.settings.schema import Settings
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
@@ -34,24 +35,28 @@ class _Timed(PeerBoard):
         self.spent += time.perf_counter() - started
 
 
-async def run(servers: int, group: int, endpoint: str, tokens: int) -> tuple[float, float]:
-    """(seconds of comparing per canary, seconds per canary in all) over one round after a first one."""
-    fakes = {f"s{i:05d}": FakeLlama.plain(tokens=tokens, model_alias=f"model-{i // group}") for i in range(servers)}
-    settings = Settings(servers=[{"name": n, "url": f"http://{n}:8080"} for n in fakes], canary_endpoints=[endpoint])
+async def run(servers: int, group: int) -> tuple[float, float]:
+    """(seconds of comparing per answer, seconds per answer in all) over one question after the first round."""
+    fakes = {f"s{i:05d}": FakeLlama.plain(tokens=None, model_alias=f"model-{i // group}",
+                                          token_probability=0.7 - 0.0001 * (i % 7))  # a few distinct answers a group
+             for i in range(servers)}
+    settings = Settings(servers=[{"name": n, "url": f"http://{n}:8080"} for n in fakes], canary_endpoints=["completion"])
     async with fake_fleet(fakes).client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
                           Fetcher(client, settings.max_response_bytes))
-        board = watcher.peers = _Timed(watcher.fleet, time.monotonic, tolerance=settings.peer_tolerance,
-                                       confirmations=settings.peer_confirmations, max_gap=settings.poll_interval)
+        board = watcher.peers = _Timed(watcher.fleet, time.monotonic, max_gap=settings.poll_interval)
         for name in fakes:
             await watcher.poll(name)
             await watcher.ask_meta(name)
+        every = tuple(range(len(QUESTIONS)))
         for name in fakes:
-            await watcher.canary(name)  # the first round: every standing is new
+            await watcher.peer_round(name, "", every)  # the first round: every question, every standing new
+        board.settle()
         board.spent = 0.0
         started = time.perf_counter()
         for name in fakes:
-            await watcher.canary(name)
+            await watcher.peer_round(name, "", (0,))
+        board.settle()
         return board.spent / servers, (time.perf_counter() - started) / servers
 
 
@@ -59,14 +64,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peer_cpu", description=__doc__)
     parser.add_argument("--servers", type=int, default=1000)
     parser.add_argument("--group-sizes", default="2,10,100,1000", help="comma-separated peer group sizes to measure")
-    parser.add_argument("--endpoint", default="chat", help="the one canary endpoint (default chat)")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens in each answer (default 32)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     for size in (int(s) for s in args.group_sizes.split(",")):
-        comparing, canary = asyncio.run(run(args.servers, size, args.endpoint, args.tokens))
-        print(f"{args.servers} servers in groups of {size}: {comparing * 1000:.3f} ms of comparing per canary "
-              f"({canary * 1000:.2f} ms per canary in all, in-process fake servers)")
+        comparing, answer = asyncio.run(run(args.servers, size))
+        print(f"{args.servers} servers in groups of {size}: {comparing * 1000:.3f} ms of comparing per peer-probe answer "
+              f"({answer * 1000:.2f} ms per answer in all, fake servers on loopback)")
 
 
 if __name__ == "__main__":

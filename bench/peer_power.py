@@ -48,6 +48,8 @@ from tests.support import gemma, llamabuild
 HEALTHY = ("plain", "busy-a", "busy-b", "drafting", "renamed", "other-build")
 DIFFERENT = ("requantized", "weights-0.02", "weights-0.035", "weights-0.05", "synthetic")
 CANARIES = (("completion", Endpoint.COMPLETION, 8), ("chat", Endpoint.CHAT, 32))
+CANARY_ROUNDS = 60
+"""Rounds in which the canary's answers are recorded too: enough to weigh them against the peer probe's."""
 """The fill-in canary's answers recorded beside the peer probe's: (name, endpoint, tokens) as the daemon asks them."""
 EVAL_PROMPTS = tuple(f"Question: {q}\nAnswer:" for q in (
     "What is the capital of France?", "Who wrote Romeo and Juliet?", "How many legs does a spider have?",
@@ -153,8 +155,9 @@ async def _collect_from(url: str, name: str, rounds: int, out: Any) -> None:
                     write(kind, question, 0, copy, answer)
         for round_ in range(1, rounds + 1):
             write("peer", round_ % len(QUESTIONS), round_, 0, await _ask(fetcher, url, "peer", round_ % len(QUESTIONS)))
-            write("canary", round_ % len(CANARIES), round_, 0,
-                  await _ask(fetcher, url, "canary", round_ % len(CANARIES)))
+            if round_ <= CANARY_ROUNDS:
+                write("canary", round_ % len(CANARIES), round_, 0,
+                      await _ask(fetcher, url, "canary", round_ % len(CANARIES)))
         for index, prompt in enumerate(EVAL_PROMPTS):
             answer = await fetcher.post_json(f"{url}/completion", {"prompt": prompt, "n_predict": 24, "n_probs": 3,
                                                                    "temperature": 0.0, "cache_prompt": False},

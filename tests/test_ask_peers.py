@@ -13,9 +13,11 @@ from specwatch.gate.ask import Exporter, ask, render_text
 from tests.support.wire import FakeLlama
 
 POOL = ("eval-a", "eval-b", "eval-c")
-AGREES = {"group": "cycle", "agreement": True, "kind": None, "held_against": [], "largest_difference": 0.0, "detail": ""}
+AGREES = {"group": "cycle", "agreement": True, "kind": None, "held_against": [], "evidence": 0.0,
+          "group_agreement": True, "split": False, "detail": "", "deployment": ""}
 DISAGREES = {"group": "cycle", "agreement": False, "kind": "fingerprint", "held_against": ["eval-a", "eval-b"],
-             "largest_difference": 0.18, "detail": "ftype 'Q4_0', the group's 'Q8_0'"}
+             "evidence": 0.0, "group_agreement": False, "split": False, "detail": "ftype 'Q4_0', the group's 'Q8_0'",
+             "deployment": ""}
 
 
 class Exporters:
@@ -63,15 +65,17 @@ async def test_a_pool_whose_replica_disagrees_exits_1_naming_it_with_the_verdict
     url = exporters.serve({"eval-a": AGREES, "eval-b": AGREES, "eval-c": DISAGREES})
     report = await _ask(url)
     assert (report.verdict, report.exit_code, report.disagreeing) == ("clean", 1, ["eval-c"])
-    assert "1 replica(s) disagree with their peer group" in report.summary
+    assert report.summary.startswith("1 replica(s) differ from their peer group")  # the refusal first
     assert "eval-c (fingerprint: ftype 'Q4_0', the group's 'Q8_0'; held against eval-a, eval-b)" in report.summary
     text = render_text(report)
-    assert "eval-c: CLEAN" in text and "DISAGREES with its peer group cycle (fingerprint)" in text
+    assert text.startswith("REFUSED (replicas differ; fill-in verdict clean): 1 replica(s) differ")
+    assert "eval-c: CLEAN" in text and "DIFFERS from its peer group cycle (fingerprint)" in text
     assert report.as_json()["models"][0]["peers"] is not None
 
 
-async def test_a_pool_that_agrees_or_is_unconfirmed_passes(exporters: Exporters) -> None:
-    unconfirmed = {**AGREES, "detail": "unconfirmed (1 of 3 answers): completion: token 2 is ' dog', ' sat' elsewhere"}
+async def test_a_pool_that_agrees_or_is_undecided_passes(exporters: Exporters) -> None:
+    unconfirmed = {**AGREES, "evidence": 0.4, "detail": "question 2: 0.120 nats from its nearest peers, 4.0 times the "
+                                                       "group's noise (0.030)"}
     url = exporters.serve({"eval-a": AGREES, "eval-b": AGREES, "eval-c": unconfirmed})
     report = await _ask(url)
     assert (report.verdict, report.exit_code, report.disagreeing) == ("clean", 0, [])
@@ -90,7 +94,7 @@ async def test_fill_ins_stay_the_verdict_beside_a_disagreement(exporters: Export
     url = exporters.serve({"draft": DISAGREES})
     report = await _ask(url, labels=[("pool", "spec")])
     assert (report.verdict, report.exit_code, report.disagreeing) == ("fill_ins", 1, ["draft"])
-    assert report.summary.startswith("the server serves fill-in logprobs")
+    assert "; the server serves fill-in logprobs" in report.summary
 
 
 async def test_a_disagreement_one_exporter_of_an_ha_pair_confirmed_is_kept(exporters: Exporters) -> None:

@@ -1,4 +1,5 @@
-"""`specwatch check URL URL ...`: every server checked, and those of one model name compared as the daemon compares them."""
+"""`specwatch check URL URL ...`: every server checked, and those of one model name compared with the daemon's test, the
+peer probe asked as many times as the test needs to decide, within a bound; a refusal leads the first line."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import pytest
 
 from specwatch.endpoints import Endpoint
-from specwatch.gate.check import render_checks, run_checks
+from specwatch.gate.replicas import ROUNDS, render_checks, run_checks
+from specwatch.probe.peerprobe import PATH, QUESTIONS
 from specwatch.settings.targets import ServerConfig
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
@@ -15,50 +17,68 @@ from tests.support.wire import FakeLlama
 
 async def _checks(fakes: dict[str, FakeLlama], **kw: object):
     servers = [ServerConfig(name="check", url=f"http://{host}:8080") for host in fakes]
+    fleet = fake_fleet(fakes)
     return await run_checks(servers, endpoints=kw.pop("endpoints", [Endpoint.COMPLETION, Endpoint.CHAT]), tokens=16,
-                            timeout=5, connect=lambda: fake_fleet(fakes).client(), **kw)
+                            timeout=5, connect=fleet.client, **kw)
 
 
-def _requests(fake: FakeLlama, path: str) -> int:
-    return sum(1 for r in fake.requests if r.path == path)
+def _asked(fake: FakeLlama) -> int:
+    """How often the peer probe was asked of a look-alike."""
+    return sum(1 for r in fake.requests if r.path == PATH and r.json().get("prompt") in QUESTIONS)
 
 
-async def test_replicas_of_one_file_agree_and_pass() -> None:
-    report = await _checks({"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain()})
-    assert (report.verdict, report.exit_code, report.disagreeing) == ("clean", 0, [])
+async def test_replicas_of_one_file_agree_and_pass_once_each_question_was_answered() -> None:
+    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain()}
+    report = await _checks(fakes)
+    assert (report.verdict, report.exit_code, report.disagreeing, report.undecided) == ("clean", 0, [], [])
     assert {entry.agreement for entry in report.peers.values()} == {True} and len(report.peers) == 3
     assert "worst of 3 checked" in report.summary
+    assert [_asked(f) for f in fakes.values()] == [len(QUESTIONS)] * 3  # settled after the first round
 
 
-async def test_another_quantization_disagrees_at_once_by_fingerprint() -> None:
+async def test_another_quantization_differs_at_once_by_fingerprint_and_leads_the_first_line() -> None:
     fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain(ftype="Q4_0")}
     report = await _checks(fakes)
     assert (report.verdict, report.exit_code, report.disagreeing) == ("clean", 1, ["http://c:8080"])
     entry = report.peers["http://c:8080"]
     assert (entry.kind, entry.held_against) == ("fingerprint", ["http://a:8080", "http://b:8080"])
+    assert report.summary.startswith("1 replica(s) differ from their peer group")
     assert "held against http://a:8080, http://b:8080" in report.summary
-    # Noise-free: checked once, never again.
-    assert _requests(fakes["c"], "/completion") == 1
+    assert render_checks(report).startswith("REFUSED (replicas differ; fill-in verdict clean): 1 replica(s) differ")
 
 
-async def test_other_answers_are_confirmed_by_checking_again_before_they_count() -> None:
-    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain(cycle_shift=2)}
-    report = await _checks(fakes, confirmations=3)
-    assert (report.exit_code, report.disagreeing, report.peers["http://c:8080"].kind) == (1, ["http://c:8080"], "tokens")
-    assert _requests(fakes["a"], "/completion") == 3
+async def test_answers_that_differ_are_decided_by_the_peer_probe() -> None:
+    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain(token_probability=0.6)}
+    report = await _checks(fakes)
+    assert (report.exit_code, report.disagreeing, report.peers["http://c:8080"].kind) == (1, ["http://c:8080"], "answers")
+    assert report.peers["http://a:8080"].agreement is True
+
+
+async def test_a_difference_the_test_cannot_decide_within_its_bound_is_undecided_never_clean() -> None:
+    # 0.025 nats a token: 2.5 times the margin, half an answer's worth of evidence each, for as long as it is asked.
+    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain(token_probability=0.6827)}
+    report = await _checks(fakes)
+    assert (report.verdict, report.exit_code, report.disagreeing, report.undecided) == ("clean", 2, [], ["http://c:8080"])
+    assert report.summary.startswith("the peer test could not tell within its bound whether http://c:8080 answer")
+    assert render_checks(report).startswith("UNDECIDED (replicas not told apart; fill-in verdict clean)")
+    assert "peers tiny: http://c:8080 UNDECIDED" in render_checks(report)
+    assert [_asked(f) for f in fakes.values()] == [ROUNDS * len(QUESTIONS)] * 3  # asked up to the bound, no further
 
 
 async def test_a_group_of_two_that_differ_names_both() -> None:
     report = await _checks({"a": FakeLlama.plain(), "b": FakeLlama.plain(ftype="Q4_0")})
     assert report.disagreeing == ["http://a:8080", "http://b:8080"]
+    assert report.peers["http://a:8080"].split
 
 
-async def test_servers_of_other_model_names_are_not_compared() -> None:
-    report = await _checks({"a": FakeLlama.plain(), "b": FakeLlama.plain(model_alias="other.gguf", ftype="Q4_0")})
+async def test_servers_of_other_model_names_are_neither_asked_nor_compared() -> None:
+    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(model_alias="other.gguf", ftype="Q4_0")}
+    report = await _checks(fakes)
     assert (report.exit_code, report.peers) == (0, {})
+    assert [_asked(f) for f in fakes.values()] == [0, 0]
 
 
-async def test_fill_ins_stay_the_verdict_and_a_speculating_replica_agrees_on_tokens() -> None:
+async def test_fill_ins_stay_the_verdict_and_a_speculating_replica_agrees_on_its_texts() -> None:
     report = await _checks({"a": FakeLlama.plain(), "b": FakeLlama.plain(), "d": FakeLlama.draft()})
     assert (report.verdict, report.exit_code, report.disagreeing) == ("fill_ins", 1, [])
     assert report.summary.startswith("http://d:8080: the server serves fill-in logprobs")
@@ -70,8 +90,8 @@ async def test_the_report_reads_as_text_and_json(as_json: bool) -> None:
     report = await _checks({"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain(ftype="Q4_0")})
     if as_json:
         document = json.loads(json.dumps(report.as_json()))
-        assert list(document) == ["verdict", "exit_code", "summary", "disagreeing", "peers", "servers"]
+        assert list(document) == ["verdict", "exit_code", "summary", "disagreeing", "undecided", "peers", "servers"]
         assert document["peers"]["http://c:8080"]["kind"] == "fingerprint" and len(document["servers"]) == 3
     else:
         text = render_checks(report)
-        assert "peers tiny: http://c:8080 DISAGREES (fingerprint)" in text and "server http://a:8080" in text
+        assert "peers tiny: http://c:8080 DIFFERS (fingerprint)" in text and "server http://a:8080" in text

@@ -20,6 +20,7 @@ from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.watch import Watcher
 from specwatch.daemon.web import WebApp
 from specwatch.probe.http.fetch import Fetcher
+from specwatch.probe.peerprobe import QUESTIONS
 from specwatch.settings.schema import Settings
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
@@ -42,6 +43,9 @@ async def _exposition() -> str:
         await watcher.poll(name)
         await watcher.ask_meta(name)
         await watcher.canary(name)
+    for name in ("plain", "draft", "locked"):  # the peer probe: the locked server refuses it (a failure by reason)
+        await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
+    watcher.peers.settle()
     registry = CollectorRegistry(auto_describe=False)
     sources = (SourceStatus("file_sd[0]", 2, True, 1_699_999_000.0), SourceStatus("http_sd[0]", 0, False, None))
     registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0,

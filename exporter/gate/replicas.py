@@ -110,7 +110,7 @@ async def _decided(members: dict[str, _Member], fetcher: Fetcher) -> Judgement[s
     """Ask the group's members the peer probe until the test settles each of them, or ROUNDS of every question."""
     evidence: dict[str, Evidence] = {}
     judgement: Judgement[str] = Judgement({})
-    for turn in range(ROUNDS * len(QUESTIONS)):
+    for turn in range(1 + (ROUNDS - 1) * len(QUESTIONS)):
         for member in members.values():
             member.runner.fetcher = fetcher  # the check's own client is closed by now
             peer = member.peer

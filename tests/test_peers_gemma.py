@@ -1,0 +1,145 @@
+"""Replicas of a real trained model (Gemma 3 270M Q4_K_M) compared, as the daemon and `check` compare them: a busy
+4-slot replica (whose numbers batching moves), a speculating one, a renamed file and another build string agree; the
+same file with its weights changed a little and one accepting drafts at random (synthetic acceptance) differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specwatch.demo.llamaserver import LlamaServer
+from tests.support import gemma, llamabuild
+from tests.support.metrics import find, scrape
+from tests.support.process import ExporterProcess
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+AGREEING = ("plain", "busy", "drafting", "renamed", "other-build")
+DIFFERING = ("changed", "synthetic")
+WORDS = "the of and a to in is you that it he was for on are as with his they I at be this have from".split()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LlamaServer]]:
+    work = tmp_path_factory.mktemp("gemma")
+    source = gemma.model()
+    renamed = work / "renamed" / "gemma-copy.gguf"
+    renamed.parent.mkdir()
+    renamed.symlink_to(source)
+    draft = ("-md", str(source), "--spec-type", "draft-simple")
+    specs: dict[str, tuple[Path, tuple[str, ...], int, dict[str, object]]] = {
+        "plain": (source, (), 1, {}),
+        "busy": (source, (), 4, {}),
+        "drafting": (source, draft, 1, {}),
+        "renamed": (renamed, (), 1, {}),
+        "other-build": (source, (), 1, {"binary": gemma.relabelled_build(work), "env": llamabuild.build_env()}),
+        "changed": (gemma.changed_weights(source, work / "changed", 0.05), (), 1, {}),
+        "synthetic": (source, (*draft, "--spec-synth-len", "4"), 1, {}),
+    }
+    servers: dict[str, LlamaServer] = {}
+    try:
+        for name, (model, extra, parallel, more) in specs.items():
+            servers[name] = LlamaServer(model, ["-a", gemma.ALIAS, *extra], parallel=parallel, ctx_size=2048 * parallel,
+                                        log_dir=work, startup_timeout=120, **more).start()  # type: ignore[arg-type]
+        yield servers
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+@contextlib.contextmanager
+def busy(url: str, requests: int = 3) -> Iterator[list[int]]:
+    """`requests` other requests decoding on the server all the time: its slots batch the probes with them."""
+    stop, answered = threading.Event(), [0]
+
+    def keep_busy(seed: int) -> None:
+        words = random.Random(seed)
+        with httpx.Client(timeout=120) as client:
+            while not stop.is_set():
+                prompt = " ".join(words.choice(WORDS) for _ in range(24))
+                with contextlib.suppress(httpx.HTTPError):
+                    client.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 64, "temperature": 0.8,
+                                                           "cache_prompt": False})
+                    answered[0] += 1
+
+    threads = [threading.Thread(target=keep_busy, args=(i,), daemon=True) for i in range(requests)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=130)
+
+
+def _check(*args: str) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching_and_deployment(
+        pool: dict[str, LlamaServer], tmp_path: Path) -> None:
+    config = tmp_path / "specwatch.yml"
+    lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.items()]
+    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 1s\ncanary_interval: 2s\n"
+                      "canary_endpoints: [completion]\n", encoding="utf-8")
+    with busy(pool["busy"].url) as answered, ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        metrics = f"{exporter.url()}/metrics"
+        seen: list[dict[str, float | None]] = []
+
+        def settled() -> dict | None:
+            samples = scrape(metrics)
+            agreement = {name: find(samples, "specwatch_peer_agreement", server=name, peer_group=gemma.ALIAS)
+                         for name in pool}
+            seen.append(agreement)
+            expected = {**dict.fromkeys(AGREEING, 1.0), **dict.fromkeys(DIFFERING, 0.0)}
+            return agreement if agreement == expected else None
+
+        wait_until("every replica's agreement", settled, timeout=240, interval=0.5, alive=exporter.process)
+        # Ten more answers of every replica: the agreeing ones never differ, not even for a scrape.
+        asked = scrape(metrics)
+        wait_until("ten more peer probes of the busy replica", lambda: (find(
+            scrape(metrics), "specwatch_peer_probes_total", server="busy", outcome="success") or 0) >= (find(
+            asked, "specwatch_peer_probes_total", server="busy", outcome="success") or 0) + 10, timeout=240,
+            interval=1.0, alive=exporter.process)
+        settled()
+        assert [s for s in seen if any(s[name] == 0.0 for name in AGREEING)] == [] and answered[0] > 0
+        samples = scrape(metrics)
+        assert find(samples, "specwatch_peer_noise_nats", server="busy") > 0.0  # its four slots batch
+        assert find(samples, "specwatch_peer_noise_nats", server="plain") == 0.0  # one slot: nothing batches
+        document = httpx.get(f"{exporter.url()}/api/v1/verdicts").json()
+        peers = {s["server"]: s["models"][0]["peers"] for s in document["servers"]}
+        assert {name: peers[name]["kind"] for name in DIFFERING} == {"changed": "answers", "synthetic": "answers"}
+        assert set(peers["changed"]["held_against"]) == set(AGREEING)
+        assert peers["other-build"]["deployment"].startswith("build 'b0-patched'")
+        assert peers["renamed"]["deployment"].startswith("file 'gemma-copy.gguf'")
+
+        code, report = _check("--exporter", exporter.url(), "--label", "pool=eval")
+        assert code == 1 and sorted(report["disagreeing"]) == sorted(DIFFERING), report["summary"]
+        code, report = _check("--exporter", exporter.url(), *(f"--server={name}" for name in AGREEING))
+        assert (code, report["disagreeing"]) == (0, []), report["summary"]
+
+
+def test_check_compares_the_replicas_it_is_given(pool: dict[str, LlamaServer]) -> None:
+    code, report = _check(pool["plain"].url, pool["renamed"].url, pool["other-build"].url, "--tokens", "8",
+                          "--endpoint", "completion")
+    assert (code, report["disagreeing"], report["undecided"]) == (0, [], []), report["summary"]
+    code, report = _check(pool["plain"].url, pool["renamed"].url, pool["changed"].url, "--tokens", "8",
+                          "--endpoint", "completion")
+    assert code == 1 and report["disagreeing"] == [pool["changed"].url], report["summary"]
+    assert report["peers"][pool["changed"].url]["kind"] == "answers"
