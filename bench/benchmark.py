@@ -553,7 +553,7 @@ def measure(args: argparse.Namespace) -> Results:
     largest = max(args.sizes)
     workdir = Path(tempfile.mkdtemp(prefix="specwatch-bench-"))
     options = FleetOptions(servers=largest, base_port=args.base_port, spec_share=args.spec_share, latency_ms=args.latency_ms,
-                           token_ms=args.token_ms, keepalive_timeout=args.keepalive_timeout)
+                           token_ms=args.token_ms, keepalive_timeout=args.keepalive_timeout, pool_size=args.pool_size)
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     profiling = args.profile and args.window > 0 and bench_profile.available() is not None
     if args.profile and not profiling:
@@ -751,6 +751,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--latency-ms", type=float, default=20.0, help="simulated server latency (default 20)")
     add("--token-ms", type=float, default=0.0, help="delay between a stream's events on the fleet (default 0)")
     add("--spec-share", type=float, default=0.2, help="share of speculating servers (default 0.2)")
+    add("--pool-size", type=int, default=1,
+        help="servers per pool reporting one model: each is asked the peer probe and compared (default 1: none is)")
     add("--base-port", type=int, default=0, help="first fleet port; 0 picks free ports (default)")
     add("--keepalive-timeout", type=float, default=5.0, help="the fleet's idle keep-alive timeout (default 5, as llama-server)")
     add("--max-concurrency", type=int, default=None, help="specwatch max_concurrency (default: specwatch's own)")
@@ -788,7 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_fd_limit()
     started = time.monotonic()
     results = measure(args)
-    print(f"specwatch benchmark: simulated fleet latency {args.latency_ms:g} ms, {args.spec_share:.0%} speculating, "
+    pools = f"pools of {args.pool_size} replicas (peer probes on), " if args.pool_size > 1 else ""
+    print(f"specwatch benchmark: simulated fleet latency {args.latency_ms:g} ms, {args.spec_share:.0%} speculating, {pools}"
           f"keep-alive timeout {args.keepalive_timeout:g} s; poll {args.poll_interval}, canary {args.canary_interval}; "
           f"{os.cpu_count()} CPUs; took {time.monotonic() - started:.0f} s")
     print(render_tables(results))

@@ -164,12 +164,21 @@ class Watcher(Runner):
             found = due(model, now, interval=self.settings.canary_interval, tokens=self.settings.canary_tokens,
                         tokens_speculating=self.settings.canary_tokens_speculating,
                         poll_interval=self.settings.poll_interval)
-            if found is not None and ("canary", name, key) not in self._in_flight:
-                self._start(self.canary(name, key, found))
+            canary = found is not None and ("canary", name, key) not in self._in_flight
             questions = peers_due(model, now, interval=self.settings.canary_interval,
                                   poll_interval=self.settings.poll_interval) if self.peers.compared(name, key) else None
-            if questions and ("peers", name, key) not in self._in_flight:
-                self._start(self.peer_round(name, key, questions))
+            ask = bool(questions) and ("peers", name, key) not in self._in_flight
+            if canary and ask:
+                self._start(self._one_after_the_other(name, key, found, questions))  # type: ignore[arg-type]
+            elif canary:
+                self._start(self.canary(name, key, found))
+            elif ask:
+                self._start(self.peer_round(name, key, questions))  # type: ignore[arg-type]
+
+    async def _one_after_the_other(self, name: str, key: str, rounds: Round, questions: tuple[int, ...]) -> None:
+        """The canary round, then the peer probe: on the connection the canary left open, and never both at once."""
+        await self.canary(name, key, rounds)
+        await self.peer_round(name, key, questions)
 
     def _start(self, round_: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(round_)

@@ -48,6 +48,9 @@ class FleetOptions:
     keepalive_timeout: float = 5.0
     """llama-server closes an idle kept-alive connection after 5 s."""
     api_key: str | None = None
+    pool_size: int = 1
+    """Servers per pool: the servers of a pool report one model, so they are each other's peers (1: every server its
+    own model, compared with nothing)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class SimServer:
 
 def lookalike(index: int, options: FleetOptions) -> FakeLlama:
     """Server `index`: a draft-model server (every token after the first a fill-in) or a plain one."""
-    path = f"/models/{server_name(index)}.gguf"
+    path = f"/models/{server_name(index) if options.pool_size <= 1 else f'pool-{index // options.pool_size:05d}'}.gguf"
     kind = FakeLlama.draft if is_speculating(index, options.spec_share) else FakeLlama.plain
     # Without --alias, llama-server reports the model path as its alias.
     return kind(tokens=None, api_key=options.api_key, model_alias=path, model_path=path, n_ctx=4096,
@@ -161,6 +164,7 @@ def cli_args(options: FleetOptions) -> list[str]:
         "--servers", str(options.servers), "--base-port", str(options.base_port), "--host", options.host,
         "--spec-share", repr(options.spec_share), "--latency-ms", repr(options.latency_ms), "--token-ms", repr(options.token_ms),
         "--slots", str(options.slots_per_server), "--keepalive-timeout", repr(options.keepalive_timeout),
+        "--pool-size", str(options.pool_size),
     ]
     if options.api_key is not None:
         args += ["--api-key-env", "SIMFLEET_API_KEY"]
@@ -304,6 +308,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency-ms", type=float, default=5.0, help="delay before every answer (default 5)")
     parser.add_argument("--token-ms", type=float, default=0.0, help="delay between streamed chunks (default 0)")
     parser.add_argument("--slots", type=int, default=1, help="slots per server (default 1)")
+    parser.add_argument("--pool-size", type=int, default=1,
+                        help="servers per pool reporting one model, each other's peers (default 1: none)")
     parser.add_argument("--keepalive-timeout", type=float, default=5.0,
                         help="idle keep-alive timeout in seconds (default 5, as llama-server)")
     parser.add_argument("--api-key-env", help="require this environment variable's value as a Bearer key (not on /health)")
@@ -348,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = FleetOptions(
         servers=args.servers, base_port=args.base_port, host=args.host, spec_share=args.spec_share, latency_ms=args.latency_ms,
         token_ms=args.token_ms, slots_per_server=args.slots, keepalive_timeout=args.keepalive_timeout, api_key=api_key,
+        pool_size=args.pool_size,
     )
     limit = raise_fd_limit()
     if limit < 2 * options.servers + 64:
