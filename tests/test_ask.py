@@ -166,8 +166,8 @@ async def test_a_newer_daemons_extra_keys_are_read_past(one_clean: dict) -> None
     document["shard"] = 2
     document["servers"][0]["zone"] = "x"
     document["servers"][0]["models"][0]["next_canary_seconds"] = 12.5
-    report = await ask([Exporter("http://specwatch:9824")], servers=[], labels=[], model=None, timeout=5,
-                       client=_answering(document))
+    async with _answering(document) as client:
+        report = await ask([Exporter("http://specwatch:9824")], servers=[], labels=[], model=None, timeout=5, client=client)
     assert (report.verdict, [m.server for m in report.models]) == ("clean", ["eval-a"])
 
 
@@ -182,8 +182,8 @@ async def test_a_newer_daemons_extra_keys_are_read_past(one_clean: dict) -> None
 ])
 async def test_a_document_that_is_not_v1_is_said_so(one_clean: dict, change, where: str) -> None:
     document = change(one_clean)
-    report = await ask([Exporter("http://specwatch:9824")], servers=[], labels=[], model=None, timeout=5,
-                       client=_answering(document))
+    async with _answering(document) as client:
+        report = await ask([Exporter("http://specwatch:9824")], servers=[], labels=[], model=None, timeout=5, client=client)
     assert (report.verdict, report.exit_code, report.models) == ("unchecked", 2, [])
     assert report.summary.startswith("http://specwatch:9824 answered /api/v1/verdicts with something that is not a v1 "
                                      "verdicts document ("), report.summary

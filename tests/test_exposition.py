@@ -46,6 +46,7 @@ async def _exposition() -> str:
     for name in ("plain", "draft", "locked"):  # the peer probe: the locked server refuses it (a failure by reason)
         await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
     watcher.peers.settle()
+    await client.aclose()
     registry = CollectorRegistry(auto_describe=False)
     sources = (SourceStatus("file_sd[0]", 2, True, 1_699_999_000.0), SourceStatus("http_sd[0]", 0, False, None))
     registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0,
