@@ -361,3 +361,33 @@ async def test_canary_checked_is_0_for_every_endpoint_until_canaried_since_the_s
     s = _samples(watcher)
     assert [value(s, "specwatch_canary_checked", server="a", endpoint=e) for e in ("completion", "chat")] == [1, 1]
     assert value(s, "specwatch_canary_placeholder_tokens", server="a", endpoint="chat") == 31
+
+
+async def test_close_ends_a_tick_in_flight_and_nothing_is_sent_after(make_watcher) -> None:
+    """A tick cancelled while its poll waits goes no further: no /v1/models, no canary, once close() has returned."""
+    release = threading.Event()
+
+    class Held:
+        async def play(self, exchange: Exchange) -> bool:
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            exchange.connection.send(exchange.healthy(), exchange.closing)
+            return True
+
+    watcher = make_watcher({}, servers=[{"name": "a", "url": "http://a:1"}], canary_endpoints=["chat"])
+    with FaultServer(FakeLlama.plain()) as server:
+        server.play(Held(), "/props")
+        fleet = fake_fleet({})
+        fleet.names.ports["a"] = server.port
+        watcher.fetcher.client = fleet.client()
+        tick = asyncio.create_task(watcher.tick("a"))
+        while server.count("/props") < 1:
+            await asyncio.sleep(0.01)
+        await watcher.close()
+        assert tick.cancelled()
+        release.set()
+        await watcher.tick("a")  # a tick the schedule fired late starts nothing either
+        await asyncio.sleep(0.2)
+        assert [r.path for r in server.seen] == ["/props"]
+        assert watcher.fleet.get("a").poll_success is None  # nothing was recorded of the cut poll
+        await watcher.fetcher.client.aclose()

@@ -184,41 +184,51 @@ def _distinct(answers: Mapping[K, Logprobs]) -> list[tuple[Logprobs, list[K]]]:
     return sorted(seen.values(), key=lambda held: -len(held[1]))
 
 
-def _nearest(answers: Mapping[K, Logprobs], asked: Collection[K]) -> dict[K, Difference]:
-    """For each member in `asked`, its difference to its floor(n/2)-th nearest member."""
-    rank = len(answers) // 2
+def _ranked(answers: Mapping[K, Logprobs]) -> dict[K, list[tuple[Difference, list[K]]]]:
+    """For each member, the other members by their answer's difference to its own, nearest first (alike answers at no
+    distance); a large group's members are held to its REFERENCES most common answers."""
     groups = _distinct(answers)
     references = groups[:REFERENCES]
-    found: dict[K, Difference] = {}
+    found: dict[K, list[tuple[Difference, list[K]]]] = {}
     for mine, members in groups:
-        wanted = [k for k in members if k in asked]
-        if not wanted:
-            continue
-        # Alike answers are each other's nearest, at no distance; then the others', nearest first.
-        ranked: list[tuple[float, Difference, list[K]]] = [(0.0, Difference(0.0, len(mine)), members)]
+        ranked: list[tuple[Difference, list[K]]] = [(Difference(0.0, len(mine)), members)]
         for theirs, others in references:
             if theirs is not mine:
                 apart = difference(mine, theirs)
                 if not apart.nothing:
-                    ranked.append((apart.mean, apart, others))
-        ranked.sort(key=lambda entry: entry[0])
-        for k in wanted:
-            counted: list[K] = []
-            for _, apart, others in ranked:
-                counted += [o for o in others if o != k]
-                if len(counted) >= rank:
-                    found[k] = apart
-                    break
+                    ranked.append((apart, others))
+        ranked.sort(key=lambda entry: entry[0].mean)
+        for k in members:
+            found[k] = [(apart, [o for o in others if o != k]) for apart, others in ranked]
     return found
 
 
-def _question(peers: Mapping[K, Peer], question: int) -> tuple[dict[K, Logprobs], float] | None:
-    """Every member's answer to `question` and the group's noise there; None until each member that answers (it is
-    polled and loaded) has answered it and had its noise measured: a group is never judged by part of it."""
+def _nth(ranked: list[tuple[Difference, list[K]]], rank: int) -> Difference | None:
+    """The difference to the rank-th nearest other member; None with fewer others to compare with."""
+    counted = 0
+    for apart, others in ranked:
+        counted += len(others)
+        if counted >= rank:
+            return apart
+    return None
+
+
+def _question(peers: Mapping[K, Peer], question: int) -> dict[K, Logprobs] | None:
+    """Every member's answer to `question`; None until each member that answers (it is polled and loaded) has answered
+    it and had its noise measured: a group is never judged by part of it."""
     answering = {k: p for k, p in peers.items() if p.fingerprint is not None}
     if len(answering) < 2 or any(question not in p.answers or question not in p.noise for p in answering.values()):
         return None
-    return {k: p.answers[question] for k, p in answering.items()}, max(p.noise[question] for p in answering.values())
+    return {k: p.answers[question] for k, p in answering.items()}
+
+
+def noise_of(peers: Mapping[K, Peer], nearest: list[float]) -> float:
+    """The group's noise on one question: the largest spread a burst measured on any member, on any question (how far
+    one server's answers move with its batch), or, in a group of three or more, how far its members typically stand
+    from their nearest peer (a minority that differs cannot move that median), whichever is larger."""
+    bursts = max((spread for peer in peers.values() for spread in peer.noise.values()), default=0.0)
+    within = sorted(nearest)[len(nearest) // 2] if len(nearest) >= 3 else 0.0
+    return max(bursts, within)
 
 
 def compare(
@@ -236,15 +246,21 @@ def compare(
     said: dict[K, str] = {}
     counted: dict[K, set[int]] = {}
     for question in range(len(QUESTIONS)):
-        asked = _question(peers, question)
-        if asked is None:
+        answers = _question(peers, question)
+        if answers is None:
             continue
-        answers, noise = asked
         compared.update(answers)
-        counting = [k for k in answers if fresh is None or question in fresh.get(k, ())]
-        for k in counting:
+        ranked = _ranked(answers)
+        nearest = [first.mean for first in (_nth(r, 1) for r in ranked.values()) if first is not None]
+        noise = noise_of({k: peers[k] for k in answers}, nearest)
+        rank = len(answers) // 2
+        for k in answers:
+            if fresh is not None and question not in fresh.get(k, ()):
+                continue
             counted.setdefault(k, set()).add(question)
-        for k, apart in _nearest(answers, counting).items():
+            apart = _nth(ranked[k], rank)
+            if apart is None:
+                continue
             evidence[k] = evidence[k].after(score(apart, noise))
             parted = f", parting at token {apart.parted}" if apart.parted is not None else ""
             said[k] = (f"question {question}: {apart.mean:.3f} nats from its nearest peers{parted}, "
