@@ -305,3 +305,20 @@ async def test_no_question_is_judged_before_every_member_answered_it(watcher_of:
     await watcher.peer_round("b", "", tuple(range(len(QUESTIONS))))
     watcher.peers.settle()
     assert _document(watcher, clock)["c"]["agreement"] is False
+
+
+async def test_a_burst_that_measured_no_noise_is_asked_again_a_quarter_hour_later(watcher_of: Build,
+                                                                                 clock: FakeClock) -> None:
+    from specwatch.core.runner import REBURST_SECONDS
+
+    fakes = _pool(total_slots=4)
+    watcher = watcher_of(fakes)
+    await _rounds(watcher, clock)
+    first = len(_asked(fakes["c"]))
+    assert first == len(QUESTIONS) * (1 + BURST)
+    await _rounds(watcher, clock)  # a minute on: one question, alone
+    assert len(_asked(fakes["c"])) == first + 1
+    clock.advance(REBURST_SECONDS)
+    await _rounds(watcher, clock)  # its slots looked full (a look-alike's copies answer alike): a burst again
+    assert len(_asked(fakes["c"])) == first + 1 + 1 + BURST
+    assert len(_asked(fakes["a"])) == len(QUESTIONS) + 2  # one slot: never a burst

@@ -21,7 +21,10 @@ class PeerAnswers:
     answers: Mapping[int, Logprobs] = field(default_factory=lambda: _EMPTY)
     """The latest answer to each question, by its index in peerprobe.QUESTIONS."""
     noise: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
-    """The spread of the answers it gave one question asked several times at once (0 with one slot), per question."""
+    """The spread of the answers it gave one question asked several times at once (0 with one slot), per question: the
+    largest any burst of this process measured."""
+    burst_at: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
+    """Unix time each question was last asked in a burst."""
     asked_at: float | None = None
     """Unix time the last peer probe began."""
     failure: str | None = None
@@ -39,12 +42,23 @@ class PeerAnswers:
         due = self.due()
         return due[0] if due else next(iter(self.answers))
 
-    def answered(self, question: int, answer: Logprobs, noise: float | None, *, copies: int = 1) -> PeerAnswers:
-        """After an answer to `question` (and, with `noise`, the spread a burst of `copies` measured)."""
+    def burst_due(self, question: int, now: float, *, again_after: float) -> bool:
+        """Whether `question` is to be asked in a burst: never measured in this process, or measured as no noise at all
+        longer ago than `again_after` (a busy server's slots were full then; another time they may not be)."""
+        if question not in self.noise:
+            return True
+        return self.noise[question] == 0.0 and now - self.burst_at.get(question, now) >= again_after
+
+    def answered(self, question: int, answer: Logprobs, noise: float | None, *, copies: int = 1,
+                 now: float = 0.0) -> PeerAnswers:
+        """After an answer to `question` (and, with `noise`, the spread a burst of `copies` measured at `now`)."""
         answers = {q: a for q, a in self.answers.items() if q != question}
         answers[question] = answer  # last in the mapping: the rotation asks the others first
-        noises = self.noise if noise is None else MappingProxyType({**self.noise, question: noise})
-        return replace(self, answers=MappingProxyType(answers), noise=noises, failure=None,
+        noises, at = self.noise, self.burst_at
+        if noise is not None:
+            noises = MappingProxyType({**self.noise, question: max(noise, self.noise.get(question, 0.0))})
+            at = MappingProxyType({**self.burst_at, question: now})
+        return replace(self, answers=MappingProxyType(answers), noise=noises, burst_at=at, failure=None,
                        outcomes=_bumped(self.outcomes, "success", copies))
 
     def failed(self, reason: Reason, detail: str) -> PeerAnswers:

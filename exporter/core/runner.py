@@ -32,6 +32,9 @@ class PollProbe(Protocol):
     ) -> Awaitable[probes.ServerPoll]: ...
 
 
+REBURST_SECONDS = 900.0
+"""A question whose burst measured no noise on a server of several slots (its slots were full, so the copies waited
+and were decoded alike) is asked in a burst again after this long: at another moment the slots may batch."""
 PASSES = 2
 """A full round that proves nothing on a speculating model runs once more: n-gram speculation learns from the first
 pass (it has seen the canary text) and drafts on the second."""
@@ -180,7 +183,8 @@ class Runner:
                 model = state.models.get(key) if state is not None else None
                 noise: float | None = None
                 copies = 1
-                if solo.result is not None and model is not None and question not in model.peer_answers.noise:
+                if solo.result is not None and model is not None and model.peer_answers.burst_due(
+                        question, self._clock(), again_after=REBURST_SECONDS):
                     noise = 0.0
                     if burst > 1:
                         together = await asyncio.gather(*(measure(ask(question), timeout, self._monotonic)

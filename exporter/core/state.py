@@ -341,7 +341,7 @@ class Fleet:
         if answer is None or reason is not None:
             held = held.failed(reason or Reason.INTERNAL, detail)
         else:
-            held = held.answered(question, answer, noise, copies=copies)
+            held = held.answered(question, answer, noise, copies=copies, now=now)
         return self._update_model(name, key, {"peer_answers": held})
 
     def start_peer_round(self, name: str, key: str, *, now: float) -> Change | None:

