@@ -47,8 +47,9 @@ class Recorded:
     DRAFTED_RATE = "server_model:llamacpp_drafted_tokens:rate5m"
     GENERATED_RATE = "server_model:llamacpp_generated_tokens:rate5m"
     DRAFTED_SHARE = "server_model:llamacpp_drafted_tokens:ratio_rate5m"
-    FINGERPRINT_SERVERS = "job_peer_group_fingerprint:specwatch_model_fingerprint_info:count"
-    PEER_GROUP_SERVERS = "job_peer_group:specwatch_model_fingerprint_info:count"
+    FINGERPRINT_CONTENT = "server_model_field:specwatch_model_fingerprint_info:content"
+    FINGERPRINT_SERVERS = "job_peer_group_field_value:specwatch_model_fingerprint_info:count"
+    FIELD_SERVERS = "job_peer_group_field:specwatch_model_fingerprint_info:count"
     FLEET_FINGERPRINT_AGREEMENT = "server_model:specwatch_peer_fingerprint_agreement:fleet"
 
 
@@ -63,14 +64,30 @@ FLIP_BY = ("job", "pool", "build")
 FLIP_SERVERS = 5
 FLIP_SHARE = 0.5
 
-# The labels of specwatch_model_fingerprint_info that tell two files apart; the fleet-wide comparison groups by them.
-FINGERPRINT = ("build", "file", "ftype", "size", "n_params", "n_vocab", "n_ctx_train", "n_embd")
-# How long a replica must disagree with its peers before a ticket is filed. The exporter already counts a disagreement
-# only once repeated canaries confirm it; this is the second guard: a noisy answer that slips through stays a blip.
+# The labels of specwatch_model_fingerprint_info that say what a model file holds (/v1/models' meta): another value is
+# another model. The fleet-wide comparison compares them field by field, as the exporter does: a field a server does
+# not report ("", so no label: a router's models have no meta, a new process is not asked yet) is not held against it.
+FINGERPRINT = ("ftype", "size", "n_params", "n_vocab", "n_ctx_train", "n_embd")
+# Its labels that say how the file was deployed (/props' build, the file's name): never compared, so a rolling upgrade
+# of llama.cpp across a pool, or the same weights under another file name, is never a disagreement.
+DEPLOYMENT = ("build", "file")
+# The label the fleet-wide comparison names a content field by, beside the field's own label holding its value.
+FIELD = "field"
+# How long a peer group must have a member that differs before a ticket is filed. The exporter says a member differs at
+# once when its file's content differs, and when the sequential test over its peer-probe answers decides (never on one
+# answer); this is the second guard: a pool rolled onto another file replica by replica differs for the minutes the
+# rollout takes, and a test that decides on a run of unlucky answers is worn down again by the next ones.
 PEER_FOR = "10m"
+# The peer probe asks a member one question per canary_interval (60s by default) on every replica watching it. A member
+# none of whose probes succeeded on any replica in PROBE_WINDOW, with failures counted, files a ticket after PROBE_FOR
+# more: an established member has then failed for 30 minutes (some 30 questions on each replica), longer than a
+# restart, a load spike or a slow model's timeouts last; a member new to its group, with no success behind it, for its
+# first 10 minutes. A ticket: the fill-in canary goes on, only the comparison of answers waits.
+PROBE_WINDOW = "20m"
+PROBE_FOR = "10m"
 
 # Labels the rules group and match by: aggregating one of them away would merge what the alerts tell apart.
-KEPT_LABELS = frozenset({"job", "server", "model", "endpoint", "verdict"})
+KEPT_LABELS = frozenset({"job", "server", "model", "endpoint", "verdict", "peer_group", FIELD})
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MATCHER = r'[ ]*[a-zA-Z_][a-zA-Z0-9_]*[ ]*(?:=~|!~|!=|=)[ ]*"(?:[^"\\\n]|\\[^\n])*"[ ]*'
 _SELECTOR = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?[ ]*")
@@ -184,34 +201,46 @@ def recording(c: RulesConfig) -> list[Record]:
     ]
 
 
-def _fingerprints(c: RulesConfig) -> str:
-    """Each watched server's fingerprint, once however many replicas report it, held over an exporter's restart; a
+def _content(c: RulesConfig) -> str:
+    """Each member's value of each content field it reports: one series per field, named by FIELD, the value in the
+    field's own label; once however many replicas report it (two during a change), held over an exporter's restart. A
     server outside every group (peer_group: none) has an empty peer_group and is compared with nothing."""
-    grouped = _held('specwatch_model_fingerprint_info{peer_group!=""}')
-    return f"max {c.without()} ({grouped})"
+    chunks = []
+    for name in FINGERPRINT:
+        others = [label for label in (*DEPLOYMENT, *FINGERPRINT) if label != name]
+        reported = _held(f'specwatch_model_fingerprint_info{{peer_group!="", {name}!=""}}')
+        chunks.append(f'max {c.without(*others)} (\n  label_replace({reported}, "{FIELD}", "{name}", "", "")\n)')
+    return "\nor\n".join(chunks)
 
 
 def peers(c: RulesConfig) -> list[Record]:
     group, each = "job, peer_group", ", ".join(FINGERPRINT)
     return [
-        Record(Recorded.FINGERPRINT_SERVERS, f"count by ({group}, {each}) (\n  {_fingerprints(c)}\n)",
-               "Fleet-wide, across shards: the servers (router models count one each) of each peer group that report "
-               "each fingerprint."),
-        Record(Recorded.PEER_GROUP_SERVERS,
-               f"count by ({group}) (\n  count by ({group}, server, model) (\n    {_fingerprints(c)}\n  )\n)",
-               "The members of each peer group, each counted once: a server an HA pair reports twice, even with two "
-               "fingerprints while it changes, is one member and never held against itself."),
+        Record(Recorded.FINGERPRINT_CONTENT, _content(c),
+               "Fleet-wide, across shards: what each member of a peer group (a server, or a router's model) says its "
+               f"model file holds, one series per content field it reports ({FIELD}: its name; the field's own label: "
+               "its value). The build and the file's name are dropped: they say how the file was deployed, not what it "
+               "holds."),
+        Record(Recorded.FINGERPRINT_SERVERS, f"count by ({group}, {FIELD}, {each}) ({Recorded.FINGERPRINT_CONTENT})",
+               "The members of each peer group that report each value of each content field."),
+        Record(Recorded.FIELD_SERVERS,
+               f"count by ({group}, {FIELD}) (\n  count by ({group}, {FIELD}, server, model) ({Recorded.FINGERPRINT_CONTENT})\n)",
+               "The members of each peer group that report each content field, each counted once: a server an HA pair "
+               "reports twice, even with two values while it changes, is one member and never held against itself."),
         Record(Recorded.FLEET_FINGERPRINT_AGREEMENT,
-               f"max {c.without(*FINGERPRINT)} (\n"
-               f"  {_fingerprints(c)}\n"
-               f"    * on ({group}, {each}) group_left ()\n"
-               f"  (\n    {Recorded.FINGERPRINT_SERVERS} * 2\n      > bool on ({group}) group_left ()\n"
-               f"    {Recorded.PEER_GROUP_SERVERS}\n  )\n"
-               ")\n"
-               f"and on ({group}) ({Recorded.PEER_GROUP_SERVERS} > 1)",
-               "Per member of a peer group of two or more, across every exporter and shard: 1 when its fingerprint is "
-               "the group's strict majority, 0 when it is not (in a group of two that differ, both). The exporters' "
-               "own specwatch_peer_agreement compares answers too, but only among the servers one exporter watches."),
+               f"min {c.without(FIELD)} (\n"
+               f"  max {c.without(*FINGERPRINT)} (\n"
+               f"    {Recorded.FINGERPRINT_CONTENT}\n"
+               f"      * on ({group}, {FIELD}, {each}) group_left ()\n"
+               f"    (\n      {Recorded.FINGERPRINT_SERVERS} * 2\n        > bool on ({group}, {FIELD}) group_left ()\n"
+               f"      {Recorded.FIELD_SERVERS}\n    )\n"
+               "  )\n"
+               f"  and on ({group}, {FIELD}) ({Recorded.FIELD_SERVERS} > 1)\n"
+               ")",
+               "Per member of a peer group, across every exporter and shard: 1 when its value of every content field "
+               "that two or more members report is the group's strict majority, 0 when one is not (in a group of two "
+               "that differ, both; in a split, every member). The exporters' own specwatch_peer_agreement compares "
+               "the content and the answers to the peer probe, but only among the servers one exporter watches."),
     ]
 
 
@@ -282,6 +311,49 @@ def _flip(c: RulesConfig) -> str:
 
 
 _POOL = "{{ with $labels.pool }}, pool {{ . }}{{ end }}"
+
+
+def _differing(c: RulesConfig, match: str = "", *, joined: str = "\n") -> str:
+    """The members of peer groups that differ: as every exporter replica watching one says (held over a restart, see
+    SpecwatchReplicasDisagree), or as its file's content compares across every exporter and shard."""
+    agreement = f"min_over_time(specwatch_peer_agreement{match}[{RESTART_BRIDGE}])"
+    return f"max {c.without()} ({agreement}) == 0{joined}or{joined}{Recorded.FLEET_FINGERPRINT_AGREEMENT}{match} == 0"
+
+
+_IN_GROUP = "{job=%q, peer_group=%q}"
+_GROUP_ARGS = "$labels.job $labels.peer_group $labels.job $labels.peer_group"
+
+
+def _members_differing(c: RulesConfig) -> str:
+    """The members of the alert's group that differ, read at its evaluation: `server`, or `server/model` for a router's
+    model (as the verdicts document names them), with its pool."""
+    members = f"count by (server, model, pool) ({_differing(c, _IN_GROUP, joined=' ')})"
+    return (f'{{{{ with printf "{members}" {_GROUP_ARGS} | query }}}} Members that differ: '
+            '{{ range $i, $s := sortByLabel "server" . }}{{ if $i }}, {{ end }}{{ $s.Labels.server }}'
+            "{{ with $s.Labels.model }}/{{ . }}{{ end }}{{ with $s.Labels.pool }} (pool {{ . }}){{ end }}{{ end }}.{{ end }}")
+
+
+def _split(c: RulesConfig) -> str:
+    """Whether a majority is left: the members compared (by an exporter or across shards) against those that differ."""
+    compared = (f"count(count by (server, model) ({_held('specwatch_peer_agreement' + _IN_GROUP)} or "
+                f"{Recorded.FLEET_FINGERPRINT_AGREEMENT}{_IN_GROUP}))")
+    return (f'{{{{ with printf "{compared}" {_GROUP_ARGS} | query }}}}{{{{ if eq (. | first | value) $value }}}} No '
+            "majority is left: every member compared differs (a pair that differs, or a group split without a "
+            "majority), so nothing tells which one is right: hold each against a server known to serve the right file "
+            "(`specwatch check URL URL ...`).{{ else }} The others agree: these differ from the group's majority."
+            "{{ end }}{{ end }}")
+
+
+# The peer group of the alert's server, read at its evaluation (its series of the peer probe do not carry it).
+_GROUP = (
+    '{{ with printf "max by (peer_group) (specwatch_model_fingerprint_info{job=%q, server=%q, model=%q})" '
+    '$labels.job $labels.server $labels.model | query }} (peer group {{ . | first | label "peer_group" }}){{ end }}'
+)
+
+
+def _minutes(duration: str) -> int:
+    assert duration.endswith("m"), duration
+    return int(duration[:-1])
 
 
 def alerts(c: RulesConfig) -> list[Alert]:
@@ -366,23 +438,55 @@ def alerts(c: RulesConfig) -> list[Alert]:
             for_="15m",
         ),
         Alert(
-            "SpecwatchReplicaDisagrees",
-            "A second judgement beside the fill-in verdict: this replica of a pool serves another model than its peers "
-            "(another file, quantization or build under the same name), so an eval behind the pool mixes models. Either "
-            "witness fires it: the exporter's comparison of fingerprints and canary answers within a peer group, which "
-            "it counts only once repeated canaries confirm it, or the fingerprint compared across every exporter and "
-            "shard. Every replica watching the server must say so (max); `for:` on top of the confirmation keeps one "
-            "noisy answer from ever filing a ticket. A ticket, as `specwatch check --exporter` refuses the pool already.",
-            f"max {c.without()} ({_held('specwatch_peer_agreement')}) == 0\n"
-            f"or\n{Recorded.FLEET_FINGERPRINT_AGREEMENT} == 0",
+            "SpecwatchReplicasDisagree",
+            "A second judgement beside the fill-in verdict: the replicas of a peer group serve more than one model, so "
+            "an eval behind the pool mixes models. One ticket per group, never one per member: in a pair that differs "
+            "or a split without a majority every member differs, and which one is right is the group's question. "
+            "Either witness makes a member differ: the exporter (specwatch_peer_agreement 0: its file's content at "
+            "once, its answers once the sequential test decides), as every replica watching it says (max), or its "
+            "file's content compared across every exporter and shard. min_over_time, not last_over_time: a restarted "
+            "exporter begins the test anew and says the member agrees until its answers decide again, and a test at "
+            "its threshold may dip below it for an answer; neither must start the group's `for:` afresh or resolve a "
+            f"firing ticket (a member that agrees again ends it {RESTART_BRIDGE} later). A ticket, as `specwatch check "
+            "--exporter` refuses the pool already.",
+            "count by (job, peer_group) (\n"
+            "  count by (job, peer_group, server, model) (\n"
+            f"{_indented(_differing(c), '    ')}\n"
+            "  )\n"
+            ")",
             "warning",
-            "llama-server {{ $labels.server }} disagrees with its peers in group {{ $labels.peer_group }}",
-            f"{{{{ $labels.server }}}}{_MODEL} answers unlike the majority of its peer group {{{{ $labels.peer_group }}}}"
-            f"{_POOL}: another model file, quantization or build under the same name, so an eval routed across the group "
-            "scores a mix of models. The exporter's /api/v1/verdicts and landing page say how (fingerprint, tokens or "
-            "logprobs) and which replica it is held against. Take it out of the pool (or the group: peer_group in "
-            "specwatch's config), serve the same file as its peers, and re-run the evals the pool served meanwhile.",
+            "Replicas of peer group {{ $labels.peer_group }} serve different models (members that differ: {{ $value }})",
+            "The replicas of peer group {{ $labels.peer_group }} (job {{ $labels.job }}) do not all serve one model, so "
+            f"an eval routed across the group scores a mix of models.{_members_differing(c)}{_split(c)} Each member's "
+            "peers object in the exporter's /api/v1/verdicts (its landing page, `specwatch check --exporter URL`) says "
+            "how it differs: kind fingerprint (its file's content: quantization, size or shape) or answers (the "
+            "sequential test over its peer-probe answers decided), the replicas it is held against and the evidence. "
+            "Another build or file name alone never fires this (the peers object shows it as deployment). Take the "
+            "members that differ out of the pool (or the group: peer_group in specwatch's config), serve them the file "
+            "the others serve, and re-run the evals the group served meanwhile.",
             for_=PEER_FOR,
+        ),
+        Alert(
+            "SpecwatchPeerProbeFailing",
+            'The catch-all of "could not compare": a member whose peer probes keep failing holds its group up (a group '
+            "compares a question once every member that answers has answered it), so specwatch never silently stops "
+            "comparing a group. Every replica watching the member must fail, none succeed; PROBE_WINDOW and PROBE_FOR "
+            "in alerts/generate.py say why so long. A server that is down is neither probed nor waited for "
+            "(SpecwatchServerDown), nor is a router model not loaded.",
+            f"sum {c.without('outcome')} (increase(specwatch_peer_probes_total{{outcome=\"failure\"}}[{PROBE_WINDOW}])) > 0\n"
+            "unless on (job, server, model)\n"
+            f"sum {c.without('outcome')} (increase(specwatch_peer_probes_total{{outcome=\"success\"}}[{PROBE_WINDOW}])) > 0\n"
+            f"{_loaded(c)}",
+            "warning",
+            "Peer probes of {{ $labels.server }} keep failing: its peer group's answers are not compared",
+            f"specwatch's peer probe of {{{{ $labels.server }}}}{_MODEL}{_GROUP} fails on every replica watching it, with "
+            f"no success for {_minutes(PROBE_WINDOW) + _minutes(PROBE_FOR)} minutes (or none since it joined its group, "
+            f"{_minutes(PROBE_FOR)} minutes ago or more). Its group waits for its answers, so the answers of the group are "
+            "not compared (the files' content still is), and a replica serving other weights would go unnoticed. Look "
+            'at specwatch_peer_probe_failures_total{server="{{ $labels.server }}"} for the reason (timeout, '
+            "unauthorized, a front end refusing /v1/completions, ...) and the exporter's peer_probe_failed log lines; "
+            "fix the server or the route to it, or take it out of the group (peer_group: none in specwatch's config).",
+            for_=PROBE_FOR,
         ),
         Alert(
             "SpecwatchVerdictUnchecked",

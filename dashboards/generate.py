@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from alerts.generate import ALERT_PREFIX, LLAMA_SERVER_JOB, Recorded
+from alerts.generate import ALERT_PREFIX, LLAMA_SERVER_JOB, PEER_FOR, Recorded
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -264,35 +264,44 @@ def fleet() -> model.Dashboard:
 
     board = board.with_row(dash.Row("Replicas and their peers"))
     peer = f"{MODEL_MATCH}, peer_group!=\"\""
+    member = "job, peer_group, server, model"
+    # The measured noise carries no peer_group: each member's is given the group its fingerprint names.
+    in_group = (f"topk by (job, server, model) (1, max by ({member}) (specwatch_model_fingerprint_info{{{peer}}}))")
     board = board.with_panel(merged_table(
         "Replicas that disagree with their peers",
         "Per member of a peer group (servers that report the same model, or share peer_group in the config): whether "
-        "it agrees with the group's majority, as the exporter watching the group compares fingerprints and confirmed "
-        "canary answers, and as the fingerprints compare across every exporter and shard; the largest logprob "
-        "difference of its real tokens against the group's reference; and what it serves. A row that disagrees files "
-        "SpecwatchReplicaDisagrees after 10 minutes; the exporter's /api/v1/verdicts says the kind and the replica it is "
-        "held against.",
+        "the exporter watching the group finds it agreeing with the group's majority (its file's content at once, its "
+        "answers to the peer probe once the sequential test decides); whether its file's content agrees across every "
+        "exporter and shard; the evidence, how far the test has come towards deciding that its answers differ (100% "
+        "decided; a healthy replica's stays near 0); the batching noise measured on it, in nats, which its differences "
+        "are weighed against; and its file and build, shown, never compared (a rolling upgrade or a renamed file is no "
+        f"disagreement). A group with a member that differs files SpecwatchReplicasDisagree after {PEER_FOR}, one "
+        "ticket for the group; the exporter's /api/v1/verdicts says the kind and the replicas it is held against.",
         {
-            "answers agree": f"max by (job, peer_group, server, model) (specwatch_peer_agreement{{{peer}}})",
-            "fingerprint agrees (fleet)":
-                f"max by (job, peer_group, server, model) ({Recorded.FLEET_FINGERPRINT_AGREEMENT}{{{peer}}})",
-            "largest logprob difference":
-                f"max by (job, peer_group, server, model) (specwatch_peer_largest_difference{{{peer}}})",
-            "file and quantization": f"max by (job, peer_group, server, model, file, ftype, build) "
-                                     f"(specwatch_model_fingerprint_info{{{peer}}})",
+            "agrees (exporter)": f"max by ({member}) (specwatch_peer_agreement{{{peer}}})",
+            "content agrees (fleet)": f"max by ({member}) ({Recorded.FLEET_FINGERPRINT_AGREEMENT}{{{peer}}})",
+            "evidence": f"max by ({member}) (specwatch_peer_evidence{{{peer}}})",
+            "noise": f"max by ({member}) (specwatch_peer_noise_nats{{{MODEL_MATCH}}} * on (job, server, model) "
+                     f"group_left (peer_group) {in_group})",
+            "file and quantization": f"max by ({member}, file, ftype, build) (specwatch_model_fingerprint_info{{{peer}}})",
         },
-        hide=("Value #D",), height=8,
-    ).data_links([server_link]).override_by_name("answers agree", [
+        hide=("Value #E",), height=8,
+    ).data_links([server_link]).override_by_name("agrees (exporter)", [
         model.DynamicConfigValue(id_val="mappings", value=AGREEMENT_WORDS),
         model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
-    ]).override_by_name("fingerprint agrees (fleet)", [
+    ]).override_by_name("content agrees (fleet)", [
         model.DynamicConfigValue(id_val="mappings", value=AGREEMENT_WORDS),
         model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]).override_by_name("evidence", [
+        model.DynamicConfigValue(id_val="unit", value="percentunit"),
+    ]).override_by_name("noise", [
+        model.DynamicConfigValue(id_val="unit", value="suffix: nats"),
     ]))
     board = board.with_panel(timeline(
         "Agreement with peers, since when",
         "Per member of a peer group, whether the exporter finds it agreeing with its group's majority; the red span is "
-        "the window in which an eval behind the group mixed models.",
+        "the window in which an eval behind the group mixed models. In a pair that differs, or a group split without a "
+        "majority, every member is red: nothing tells which one is right.",
         f"max by (server, model, peer_group) (specwatch_peer_agreement{{{peer}}})", "{{peer_group}}: {{server}} {{model}}",
         AGREEMENT_WORDS))
 

@@ -14,10 +14,11 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.generate import FINGERPRINT, ConfigError, Recorded, RulesConfig
+from alerts.generate import DEPLOYMENT, FIELD, FINGERPRINT, ConfigError, Recorded, RulesConfig
 from specwatch.daemon.discovery import SourceStatus
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
+from specwatch.probe.peerprobe import QUESTIONS
 from tests.support import markdown
 from tests.support.chain import (
     ALERTS,
@@ -42,8 +43,8 @@ ANNOTATIONS = ("summary", "description", "runbook_url")
 # Series about an exporter rather than a watched server: their alerts name the exporter, not a server.
 EXPORTER_LEVEL = frozenset({"up", "specwatch_config_last_reload_successful", "specwatch_build_info", "specwatch_servers",
                             "specwatch_configured_servers", "specwatch_discovery_refresh_successful"})
-# Alerts about the whole fleet of a job: they aggregate servers away and name the job.
-FLEET_LEVEL = frozenset({"SpecwatchFleetUnwatched", "SpecwatchNoServers"})
+# Alerts about the whole fleet of a job, or a peer group in it: they aggregate servers away and name the job.
+FLEET_LEVEL = frozenset({"SpecwatchFleetUnwatched", "SpecwatchNoServers", "SpecwatchReplicasDisagree"})
 
 
 # A team's own config: another scrape job, replicas told apart by a `replica` label, runbooks on its own wiki.
@@ -85,8 +86,9 @@ def test_every_per_server_rule_drops_the_replica_labels_and_only_those() -> None
     clauses = [set(map(str.strip, labels.split(","))) for rule in alert_rules() + recording_rules()
                for labels in WITHOUT.findall(rule["expr"])]
     assert len(clauses) >= 14
-    # Besides the replicas' labels, a rule may drop what it folds: the verdict state, the endpoint, or the fingerprint.
-    folded = {"verdict", "endpoint", *FINGERPRINT}
+    # Besides the replicas' labels, a rule may drop what it folds: the verdict state, the endpoint, a counter's outcome,
+    # or the fingerprint (its content fields one by one, and how the file was deployed).
+    folded = {"verdict", "endpoint", "outcome", FIELD, *FINGERPRINT, *DEPLOYMENT}
     assert all(clause - folded == {"instance", "pod"} for clause in clauses), clauses
 
 
@@ -310,16 +312,20 @@ def test_every_alert_is_unit_tested_firing_with_exact_words_and_staying_quiet() 
 
 
 async def _full_exposition(make_watcher) -> str:
-    """The real collector over a fleet that gives every metric family samples: clean, speculating, dead."""
+    """The real collector over a fleet that gives every metric family samples: clean, speculating, dead; and a peer group
+    (plain, draft and rotated serve one model) whose rotated member refuses the peer probe."""
     router = FakeRouter(models={"hot": FakeLlama.draft(), "cold": FakeLlama.plain()}, status={"hot": "loaded"})
-    names = ("plain", "draft", "dead", "router")
-    watcher = make_watcher(
-        {"plain": FakeLlama.plain(), "draft": FakeLlama.draft(), "router": router},
-        servers=[{"name": n, "url": f"http://{n}:8080", "labels": {"pool": "eval"}} for n in names],
-    )
+    names = ("plain", "draft", "dead", "router", "rotated")
+    fakes = {"plain": FakeLlama.plain(), "draft": FakeLlama.draft(), "router": router, "rotated": FakeLlama.plain()}
+    watcher = make_watcher(fakes, servers=[{"name": n, "url": f"http://{n}:8080", "labels": {"pool": "eval"}} for n in names])
     for name in names:
         await asyncio.gather(watcher.poll(name), watcher.canary(name))
+        await watcher.ask_meta(name)
     await watcher.canary("router", "hot")
+    fakes["rotated"].api_key = "rotated since its poll"
+    for name in ("plain", "draft", "rotated"):
+        await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
+    watcher.peers.settle()
     registry = CollectorRegistry(auto_describe=False)
     sources = (SourceStatus("file_sd[0]", 3, True, 1_699_999_000.0),)
     registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0,
