@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         total = time.monotonic() - started
     print(f"{total:8.1f} s  total")
     for entry in sorted((cache / "specwatch").glob("llama-server-*/build.json")):
-        seconds = json.loads(entry.read_text())["seconds"]
-        print(f"          llama.cpp: wheel (whole tree) {seconds['wheel']} s, patched rebuild {seconds['patched']} s")
+        built = json.loads(entry.read_text())
+        seconds, targets = built["seconds"], " and ".join(built.get("targets", ["whole tree"]))
+        print(f"          llama.cpp: wheel ({targets}) {seconds['wheel']} s, patched rebuild {seconds['patched']} s")
     summary = [line for line in log.read_text().splitlines() if " passed" in line or " failed" in line]
     print(f"          {summary[-1].strip('= ') if summary else 'no pytest summary'}")
     return 0

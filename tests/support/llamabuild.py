@@ -59,13 +59,15 @@ CMAKE_FLAGS: tuple[str, ...] = PIP_BUILD_FLAGS
 
 TARGETS = ("llama-server", "llama-quantize")
 """What the tests run (tests/support/replicas.py quantizes); the build and the wheel hold these and what they link."""
-# CPU seconds of a make -j2 build of the whole tree (826 on the 2-core test machine, loaded): llama-cli, the benches
-# and the other tools are 77 of them, and the patched rebuild relinked 25 programs instead of 6.
+# Measured on the 2-core test machine: the whole tree took 865 CPU seconds (make -j2), llama-cli, the benches and the
+# other tools 77 of them, and the patched rebuild relinked 25 programs where these need 6.
 UNITY_TARGETS = ("llama-common", "mtmd", "server-context", "llama-server-impl")
-"""Compiled in batches of 8 files: each of their files parses nlohmann/json and friends, a batch parses them once."""
+"""Compiled in batches of 8 files: their files share heavy headers, which a batch parses and instantiates once."""
+# With TARGETS alone and these batched, all of `python -m tests.support.llamabuild` took 637 CPU seconds.
 # llama's own model files are batched upstream already; ggml's kernels are left as upstream compiles them.
-# mtmd-helper*.cpp #error when they see mtmd's internal headers, as they would in a batch.
-UNITY_SKIPPED = ("tools/mtmd/mtmd-helper.cpp", "tools/mtmd/mtmd-helper-gen.cpp")
+# mtmd-helper*.cpp #error when they see mtmd's internal headers, as they would in a batch; json.cpp specialises
+# common_json::get<T>, which fails ("specialization after instantiation") behind a file of its batch that calls it.
+UNITY_SKIPPED = ("common/json.cpp", "tools/mtmd/mtmd-helper.cpp", "tools/mtmd/mtmd-helper-gen.cpp")
 GENERATOR = "Ninja"
 
 # Injected with -DCMAKE_PROJECT_INCLUDE (setup.py passes CMAKE_ARGS to cmake and builds the default target): once the
@@ -195,7 +197,7 @@ def _run(cmd: Sequence[str | os.PathLike[str]], log_file: pathlib.Path, log: Log
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
-            # make prints "[ 42%] Building ..." for every object (pip -v indents it): that is the progress worth showing.
+            # ninja prints "[42/123] Building ..." for every object (pip -v indents it): the progress worth showing.
             if line.lstrip().startswith("[") or "error:" in line:
                 log(line.rstrip())
         code = proc.wait()
@@ -256,8 +258,8 @@ def _extract(sdist: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
 
 
 def _build_env(tree: pathlib.Path, where: pathlib.Path, log_file: pathlib.Path, log: Log) -> pathlib.Path:
-    """A virtual environment with the sdist's build requirements (its cmake among them); its python."""
-    # What pip's build isolation makes, but it lasts as long as the tree: the tree's makefiles call the cmake that
+    """A virtual environment with the sdist's build requirements (its cmake among them) and ninja; its python."""
+    # What pip's build isolation makes, but it lasts as long as the tree: the tree's build files call the cmake that
     # configured them, and the patched rebuild runs them again after pip is done.
     requires = tomllib.loads((tree / "pyproject.toml").read_text())["build-system"]["requires"]
     _run([sys.executable, "-m", "venv", where], log_file, log)
@@ -349,7 +351,7 @@ def _check_runs(binary: pathlib.Path) -> None:
 
 
 def fixed_server_binary(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> pathlib.Path:
-    """The patched llama-server: from the cache at once, else built first (10 to 15 minutes on 2 cores)."""
+    """The patched llama-server: from the cache at once, else built first (about 6 minutes on 2 idle cores)."""
     return cached_binary() or build(log, sdist=sdist, jobs=jobs)
 
 
@@ -375,7 +377,7 @@ def session_binary(config) -> pathlib.Path:
         return found
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (10 to 15 minutes on 2 cores; "
+        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (about 6 minutes on 2 idle cores; "
                 "python -m tests.support.llamabuild does the same)")
         return build()
 
