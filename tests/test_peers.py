@@ -133,6 +133,16 @@ def test_the_sequential_test(scores: list[float], total: float, decides: bool) -
     assert evidence.answers == sum(1 for s in scores if not math.isnan(s))
 
 
+def test_a_decision_holds_until_the_evidence_wears_down_to_nothing() -> None:
+    evidence = Evidence().after(CAP).after(CAP)
+    assert evidence.decided
+    for _ in range(int(THRESHOLD / ALLOWANCE) - 1):
+        evidence = evidence.after(0.0)
+        assert evidence.decided, evidence  # an answer within the noise does not undo it
+    assert not evidence.after(0.0).decided  # a run of them does
+    assert not Evidence().after(5.0).after(5.0).after(5.0).decided  # below the threshold nothing was decided
+
+
 def test_a_score_is_the_difference_over_the_noise_never_below_the_margin() -> None:
     assert score(Difference(0.2, 4), 0.05) == pytest.approx(4.0)
     assert score(Difference(0.2, 4), 0.0) == pytest.approx(0.2 / MARGIN)

@@ -107,18 +107,17 @@ class Evidence:
     """The answers counted since its process began."""
     last: float | None = None
     """The score of the last answer counted."""
+    decided: bool = False
+    """The replica differs: the sum reached the threshold, and has not worn down to nothing since (an answer or two
+    within the noise do not undo a decision; THRESHOLD / ALLOWANCE of them in a row do)."""
 
     def after(self, answer_score: float) -> Evidence:
         """This evidence with one more answer's score counted (kept within 0 and the threshold)."""
         if math.isnan(answer_score):
             return self
-        added = min(answer_score, CAP) - ALLOWANCE
-        return Evidence(min(THRESHOLD, max(0.0, self.total + added)), self.answers + 1, answer_score)
-
-    @property
-    def decided(self) -> bool:
-        """The replica differs: the sum reached the threshold."""
-        return self.total >= THRESHOLD
+        total = min(THRESHOLD, max(0.0, self.total + min(answer_score, CAP) - ALLOWANCE))
+        decided = total >= THRESHOLD or (self.decided and total > 0.0)
+        return Evidence(total, self.answers + 1, answer_score, decided)
 
     @property
     def share(self) -> float:
