@@ -32,6 +32,10 @@ def answer(values: tuple[float | None, ...] = VALUES, texts: tuple[str, ...] = T
     return logprobs_of(tokens)
 
 
+OFF = answer((-0.1, -0.9, -1.0, -1.1))
+"""0.525 nats a value from answer(): 17.5 times the margin."""
+
+
 def group(*answers: Logprobs, noise: float = 0.0, fingerprints: tuple[Fingerprint, ...] = (),
           questions: tuple[int, ...] = (0,)) -> dict[str, Peer]:
     """Members r0, r1, ... giving their answer to each of `questions`, the noise measured on each: a comparison that
@@ -149,40 +153,40 @@ def test_a_score_is_the_difference_over_the_noise_never_below_the_margin() -> No
 
 
 def test_one_replica_off_the_majority_differs_and_the_others_agree() -> None:
-    off = answer((-0.1, -0.5, -0.6, -0.7))  # 0.225 nats per value, 22 times the margin
+    off = OFF
     judgement = decided(group(answer(), off, answer()), times=2)
     members = judgement.members
     assert (members["r1"].agreement, members["r1"].kind, members["r1"].held_against) == (False, ANSWERS, ("r0", "r2"))
     assert members["r0"].agreement is True and members["r2"].agreement is True
     assert (judgement.agreement, judgement.split) == (False, False)
-    assert members["r1"].detail.startswith("question 0: 0.225 nats from its nearest peers, 22.5 times")
+    assert members["r1"].detail.startswith("question 0: 0.525 nats from its nearest peers, 17.5 times")
     assert decided(group(answer(), off, answer()), times=1).members["r1"].agreement is True  # one answer never decides
 
 
 def test_within_the_measured_noise_replicas_agree() -> None:
-    off = answer((-0.1, -0.25, -0.35, -0.45))  # 0.0375 per value
-    assert decided(group(answer(), off, answer(), noise=0.04), times=20).agreement is True
-    assert decided(group(answer(), off, answer(), noise=0.0), times=7).members["r1"].agreement is False  # 3.75 times
+    off = answer((-0.1, -0.3, -0.4, -0.5))  # 0.075 per value
+    assert decided(group(answer(), off, answer(), noise=0.08), times=20).agreement is True
+    assert decided(group(answer(), off, answer(), noise=0.0), times=24).members["r1"].agreement is False  # 2.5 times
 
 
 def test_a_pair_that_differs_is_held_to_the_gap_itself_and_splits() -> None:
-    off = answer((-0.1, -0.5, -0.6, -0.7))
-    pair = decided(group(answer(), off, noise=0.05), times=5)  # 4.5 times the noise: 2.5 an answer
+    off = OFF
+    pair = decided(group(answer(), off, noise=0.105), times=5)  # 5 times the noise: 3 an answer
     assert {k: (c.agreement, c.held_against) for k, c in pair.members.items()} == {
         "r0": (False, ("r1",)), "r1": (False, ("r0",))}
     assert pair.split and pair.agreement is False
     # The same gap in a trio decides for the odd one alone: in a pair it is not halved.
-    assert pair.members["r0"].evidence.last == decided(group(answer(), off, answer(), noise=0.05)).members["r1"].evidence.last
+    assert pair.members["r0"].evidence.last == decided(group(answer(), off, answer(), noise=0.105)).members["r1"].evidence.last
 
 
 def test_a_two_two_split_leaves_no_majority() -> None:
-    off = answer((-0.1, -0.5, -0.6, -0.7))
+    off = OFF
     judgement = decided(group(answer(), answer(), off, off), times=2)
     assert judgement.split and all(c.agreement is False for c in judgement.members.values())
 
 
 def test_a_three_two_split_keeps_the_majority() -> None:
-    off = answer((-0.1, -0.5, -0.6, -0.7))
+    off = OFF
     members = decided(group(answer(), answer(), answer(), off, off), times=2).members
     assert [members[f"r{i}"].agreement for i in range(5)] == [True, True, True, False, False]
     assert members["r3"].held_against == ("r0", "r1", "r2")
@@ -210,7 +214,7 @@ def test_a_field_a_server_does_not_report_is_not_held_against_it() -> None:
 
 
 def test_no_question_is_judged_before_every_member_answered_it_and_had_its_noise_measured() -> None:
-    peers = group(answer(), answer((-0.1, -0.5, -0.6, -0.7)), answer())
+    peers = group(answer(), OFF, answer())
     peers["r2"] = Peer(Q4KM, {0: answer()}, {})  # its noise not measured yet
     peers["r1"] = Peer(Q4KM, {q: a for q, a in peers["r1"].answers.items() if q != 1}, peers["r1"].noise)
     judgement = compare(peers)
@@ -218,7 +222,7 @@ def test_no_question_is_judged_before_every_member_answered_it_and_had_its_noise
 
 
 def test_each_fresh_answer_counts_once_however_often_the_group_is_compared() -> None:
-    peers = group(answer(), answer((-0.1, -0.5, -0.6, -0.7)), answer())
+    peers = group(answer(), OFF, answer())
     first = compare(peers, fresh={"r1": {0}})
     assert first.members["r1"].evidence.answers == 1
     again = compare(peers, before={k: c.evidence for k, c in first.members.items()}, fresh={})
@@ -244,10 +248,10 @@ def test_many_alike_replicas_cost_their_distinct_answers(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(module, "difference", counted)
     peers = {f"r{i}": Peer(Q4KM, {0: answer()}, {0: 0.0}) for i in range(500)}
-    peers["odd"] = Peer(Q4KM, {0: answer((-0.1, -0.5, -0.6, -0.7))}, {0: 0.0})
+    peers["odd"] = Peer(Q4KM, {0: OFF}, {0: 0.0})
     judgement = compare(peers)
     assert calls == 2  # the two distinct answers, each against the other
-    assert judgement.members["odd"].evidence.last == pytest.approx(22.5)
+    assert judgement.members["odd"].evidence.last == pytest.approx(17.5)
     assert judgement.members["r0"].evidence.last == 0.0
 
 
@@ -264,13 +268,13 @@ def test_the_peer_probe_reads_an_answer_and_what_model_gave_it() -> None:
 
 
 def test_the_verdicts_document_shows_a_standing() -> None:
-    off = answer((-0.1, -0.5, -0.6, -0.7))
-    members = decided(group(answer(), off, noise=0.05), times=5).members
+    off = OFF
+    members = decided(group(answer(), off, noise=0.105), times=5).members
     shown = peers_entry(Standing("gemma", members["r1"], False, True))
     assert (shown.agreement, shown.kind, shown.held_against, shown.evidence, shown.split) == (
         False, ANSWERS, ["r0"], 1.0, True)
-    pending = peers_entry(Standing("gemma", compare(group(answer(), off, noise=0.05)).members["r1"], True, False))
-    assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.208)
+    pending = peers_entry(Standing("gemma", compare(group(answer(), off, noise=0.105)).members["r1"], True, False))
+    assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.25)
 
 
 def test_the_verdicts_document_reads_back_a_peers_object() -> None:

@@ -131,13 +131,13 @@ async def test_the_peer_probe_asks_every_question_first_then_one_an_interval(wat
 
 
 async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of: Build, clock: FakeClock) -> None:
-    watcher = watcher_of(_pool(token_probability=0.65))  # log 0.7 - log 0.65 = 0.074 a token, 7.4 times the margin
+    watcher = watcher_of(_pool(token_probability=0.5))  # log 0.7 - log 0.5 = 0.336 a token, 11 times the margin
     with structlog.testing.capture_logs() as logs:
         await _rounds(watcher, clock)  # the first round: six answers, decided
     peers = _document(watcher, clock)
     assert (peers["c"]["agreement"], peers["c"]["kind"], peers["c"]["held_against"], peers["c"]["evidence"]) == (
         False, "answers", ["a", "b"], 1.0)
-    assert peers["c"]["detail"].startswith("question 5: 0.074 nats from its nearest peers, 7.4 times the group's noise")
+    assert peers["c"]["detail"].startswith("question 5: 0.336 nats from its nearest peers, 11.2 times the group's noise")
     assert (peers["a"]["agreement"], peers["a"]["evidence"]) == (True, 0.0)
     text = _text(watcher)
     assert (value(text, "specwatch_peer_agreement", server="c", peer_group="tiny"),

@@ -31,7 +31,7 @@ WORDS = "the of and a to in is you that it he was for on are as with his they I 
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LlamaServer]]:
+def pool(tmp_path_factory: pytest.TempPathFactory, fixed_llama_binary: Path) -> Iterator[dict[str, LlamaServer]]:
     work = tmp_path_factory.mktemp("gemma")
     source = gemma.model()
     renamed = work / "renamed" / "gemma-copy.gguf"
@@ -43,7 +43,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LlamaSe
         "busy": (source, (), 4, {}),
         "drafting": (source, draft, 1, {}),
         "renamed": (renamed, (), 1, {}),
-        "other-build": (source, (), 1, {"binary": gemma.relabelled_build(work), "env": llamabuild.build_env()}),
+        "other-build": (source, (), 1, {"binary": gemma.relabelled_build(work, fixed_llama_binary), "env": llamabuild.build_env()}),
         "changed": (gemma.changed_weights(source, work / "changed", 0.05), (), 1, {}),
         "synthetic": (source, (*draft, "--spec-synth-len", "4"), 1, {}),
     }

@@ -74,15 +74,15 @@ def requantized(source: Path, target: Path, kind: str = "Q4_0") -> Path:
     return target
 
 
-def relabelled_build(directory: Path) -> Path:
-    """A copy of the patched llama-server whose build string reads "b0-patched" where it read "b0-unknown": the same
-    code and numbers under another build, as a rolling upgrade shows it (the executable's one "unknown" string, which
-    is its own LLAMA_COMMIT, changed in place to a word of the same length)."""
-    source = llamabuild.cached_binary()
-    if source is None:
-        raise RuntimeError("the patched llama-server is not built: python -m tests.support.llamabuild")
+def relabelled_build(directory: Path, source: Path | None = None) -> Path:
+    """A copy of the patched llama-server (`source`, else the cached one) whose build string reads "b0-patched" where it
+    read "b0-unknown": the same code and numbers under another build, as a rolling upgrade shows it (the executable's
+    one "unknown" string, which is its own LLAMA_COMMIT, changed in place to a word of the same length)."""
     target = directory / "bin"
     if not target.exists():
+        source = source or llamabuild.cached_binary()
+        if source is None:
+            raise RuntimeError("the patched llama-server is not built: python -m tests.support.llamabuild")
         shutil.copytree(source.parent, target, symlinks=True)
         binary = target / "llama-server"
         data = binary.read_bytes()
