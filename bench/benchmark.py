@@ -269,6 +269,10 @@ def worker_main(args: argparse.Namespace) -> int:
 
     raise_fd_limit()
     logs.configure("info", json=True)  # the daemon's default level, so log cost is what production pays
+    if args.switch_interval is not None:  # the daemon sets it in Daemon.run(): measured against another value
+        import specwatch.daemon.run
+
+        specwatch.daemon.run.SWITCH_SECONDS = args.switch_interval
     if args.worker == "cycles":
         result = run(_worker_cycles(args.config, args.fleet_url, args.keepalive))
     else:
@@ -485,6 +489,8 @@ def _steady(config: Path, workdir: Path, fleet_url: str, args: argparse.Namespac
         (marks / "stop").write_text("stop")
 
     extra = ["--fleet-url", fleet_url, "--port", str(port), "--window", str(args.window), "--marks", str(marks)]
+    if args.switch_interval is not None:
+        extra += ["--switch-interval", str(args.switch_interval)]
     result = run_worker("steady", config, workdir, extra, timeout=args.window + 400, during=drive, specwatch=args.specwatch)
     for spy in spying:
         _, errors = spy.communicate(timeout=60)
@@ -773,6 +779,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--profile-raw", type=Path, help="also keep py-spy's collapsed stacks in this file")
     add("--specwatch", type=Path, help="measure the exporter package of this directory instead (a before/after run)")
     add("--json", type=Path, help="also write the raw figures to this file")
+    add("--switch-interval", type=float, default=None,
+        help="the interpreter's switch interval the daemon runs with, to weigh its own (0.001) against Python's (0.005)")
     # The workers: the specwatch side, in processes of their own so their CPU clock counts only specwatch.
     for name, kind in (("--worker", str), ("--config", Path), ("--result", Path), ("--fleet-url", str), ("--marks", Path)):
         parser.add_argument(name, type=kind, help=argparse.SUPPRESS)
