@@ -37,7 +37,10 @@ def pool(tmp_path_factory: pytest.TempPathFactory, fixed_llama_binary: Path) -> 
     renamed = work / "renamed" / "gemma-copy.gguf"
     renamed.parent.mkdir()
     renamed.symlink_to(source)
-    draft = ("-md", str(source), "--spec-type", "draft-simple")
+    # A smaller draft, as speculating replicas have: verified in batches (lossless but for ties and the batch's noise),
+    # or accepted unverified (synthetic acceptance: the text is the draft's). A draft that is the model itself proposes
+    # the model's own tokens, so its synthetic acceptance would change nothing.
+    draft = ("-md", str(gemma.requantized(source, work / "gemma-q4_0.gguf")), "--spec-type", "draft-simple")
     specs: dict[str, tuple[Path, tuple[str, ...], int, dict[str, object]]] = {
         "plain": (source, (), 1, {}),
         "busy": (source, (), 4, {}),
@@ -95,7 +98,7 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
         pool: dict[str, LlamaServer], tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
     lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.items()]
-    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 1s\ncanary_interval: 2s\n"
+    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 2s\ncanary_interval: 10s\n"
                       "canary_endpoints: [completion]\n", encoding="utf-8")
     with busy(pool["busy"].url) as answered, ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
@@ -110,7 +113,12 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
             expected = {**dict.fromkeys(AGREEING, 1.0), **dict.fromkeys(DIFFERING, 0.0)}
             return agreement if agreement == expected else None
 
-        wait_until("every replica's agreement", settled, timeout=240, interval=0.5, alive=exporter.process)
+        try:
+            wait_until("every replica's agreement", settled, timeout=240, interval=0.5, alive=exporter.process)
+        except AssertionError as failed:
+            found = httpx.get(f"{exporter.url()}/api/v1/verdicts").json()
+            said = {s["server"]: s["models"][0]["peers"] for s in found["servers"]}
+            raise AssertionError(f"{failed}: last seen {seen[-1]}; peers {json.dumps(said, indent=1)}") from None
         # Ten more answers of every replica: the agreeing ones never differ, not even for a scrape.
         asked = scrape(metrics)
         wait_until("ten more peer probes of the busy replica", lambda: (find(
@@ -131,8 +139,12 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
 
         code, report = _check("--exporter", exporter.url(), "--label", "pool=eval")
         assert code == 1 and sorted(report["disagreeing"]) == sorted(DIFFERING), report["summary"]
-        code, report = _check("--exporter", exporter.url(), *(f"--server={name}" for name in AGREEING))
+        plain = [name for name in AGREEING if name != "drafting"]
+        code, report = _check("--exporter", exporter.url(), *(f"--server={name}" for name in plain))
         assert (code, report["disagreeing"]) == (0, []), report["summary"]
+        # The speculating replica agrees with its peers, and serves fill-ins all the same: exit 1 for that alone.
+        code, report = _check("--exporter", exporter.url(), "--server=drafting", "--server=plain")
+        assert (code, report["verdict"], report["disagreeing"]) == (1, "fill_ins", []), report["summary"]
 
 
 def test_check_compares_the_replicas_it_is_given(pool: dict[str, LlamaServer]) -> None:
