@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +247,9 @@ class Replay:
     reported: dict[str, int | None]
     counted: dict[str, int]
     """Answers each member had counted at the end."""
+    highest: dict[str, float] = field(default_factory=dict)
+    """Each member's highest score (its difference over the group's noise): below the test's allowance, it added
+    nothing to the evidence."""
 
 
 def replay(recorded: dict[str, Recorded], members: Sequence[str], rounds: int | None = None) -> Replay:
@@ -257,6 +260,7 @@ def replay(recorded: dict[str, Recorded], members: Sequence[str], rounds: int | 
     judgement = compare(peers)
     reported: dict[str, int | None] = {m: None for m in members}
     evidence: dict[str, Evidence] = {m: c.evidence for m, c in judgement.members.items()}
+    highest = {m: e.last or 0.0 for m, e in evidence.items()}
     for m, c in judgement.members.items():
         if c.agreement is False:
             reported[m] = c.evidence.answers or 1
@@ -269,9 +273,26 @@ def replay(recorded: dict[str, Recorded], members: Sequence[str], rounds: int | 
         judgement = compare(peers, before=evidence, fresh=news)
         evidence = {m: c.evidence for m, c in judgement.members.items()}
         for m, c in judgement.members.items():
+            highest[m] = max(highest[m], c.evidence.last or 0.0)
             if c.agreement is False and reported[m] is None:
                 reported[m] = c.evidence.answers
-    return Replay(reported, {m: e.answers for m, e in evidence.items()})
+    return Replay(reported, {m: e.answers for m, e in evidence.items()}, highest)
+
+
+def _healthy(recorded: dict[str, Recorded], healthy: list[str]) -> str:
+    """False disagreements of the healthy pool, and of every pair of healthy replicas."""
+    pool = replay(recorded, healthy)
+    answers = sum(pool.counted.values())
+    false = sorted(m for m, n in pool.reported.items() if n is not None)
+    pairs = [replay(recorded, [a, b]) for i, a in enumerate(healthy) for b in healthy[i + 1:]]
+    pair_answers = sum(sum(p.counted.values()) for p in pairs)
+    pair_false = sum(1 for p in pairs if any(n is not None for n in p.reported.values()))
+    highest = max([*pool.highest.values(), *(s for p in pairs for s in p.highest.values())], default=0.0)
+    busy = sum(n for p in [pool, *pairs] for m, n in p.counted.items() if m.startswith("busy"))
+    return (f"{answers} answers in the pool of {', '.join(healthy)}: false disagreements {len(false)} {false or ''}; "
+            f"{len(pairs)} pairs of them, {pair_answers} answers: pairs falsely reported {pair_false}; "
+            f"{busy} of all those answers were a busy replica's; the highest score of a healthy answer {highest:.2f} "
+            "(the test adds evidence above 2)")
 
 
 def _minutes(answers: int | None, first: int) -> str:
@@ -299,11 +320,10 @@ def analyse(answers: Path, interval: float = 60.0) -> None:
             mean = statistics.fmean(held.evals) if held.evals else float("nan")
             print(f"| {name} | {noise:.3f} | {mean:+.3f} | {mean - reference:+.3f} |")
         healthy = [m for m in HEALTHY if m in recorded]
-        pool = replay(recorded, healthy)
-        comparisons = sum(pool.counted.values())
-        false = {m: n for m, n in pool.reported.items() if n is not None}
-        print(f"\nhealthy pool {', '.join(healthy)}: {comparisons} answers compared, false disagreements: "
-              f"{len(false)} {false or ''}")
+        print(f"\nHealthy: {_healthy(recorded, healthy)}.")
+        blind = {name: replace(held, first={q: v[:1] for q, v in held.first.items()}) for name, held in recorded.items()}
+        print(f"\nThe same with every burst cut to its first answer (no noise measured anywhere, so the margin is the "
+              f"noise): {_healthy(blind, healthy)}.")
         print("\n| difference | in a pool of four: answers until reported | minutes at the defaults | healthy members "
               "reported | in a pair with plain | pair with busy-a |")
         print("| --- | --- | --- | --- | --- | --- |")
