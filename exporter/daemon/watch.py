@@ -92,7 +92,7 @@ class Watcher(Runner):
         if settings.max_concurrency != self.settings.max_concurrency:
             self._set_limits(settings.max_concurrency)
         self.fetcher.max_bytes = settings.max_response_bytes
-        self.fetcher.client.forget_names()  # aiohttp keeps an expired lookup until that name is asked again
+        self.fetcher.forget()
         self.policy = settings
         before = {s.config.name for s in self.fleet.snapshot()}
         self.fleet.reconcile(servers, settings.canary_endpoints)

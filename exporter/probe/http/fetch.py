@@ -51,6 +51,11 @@ class Fetcher:
         self.client = client
         self.max_bytes = max_bytes
 
+    def forget(self) -> None:
+        """Drop what is kept per origin (name lookups, parsed URLs): servers a reload removed leave none of it behind."""
+        self.client.forget_names()  # aiohttp keeps an expired lookup until that name is asked again
+        _parsed.cache_clear()  # the fleet's URLs are parsed again once, at their next request
+
     async def get_json(self, url: str, *, headers: dict[str, str], timeout: float) -> Any:
         return await self._exchange("GET", url, None, headers, timeout, self._json)
 
