@@ -19,6 +19,7 @@ from specwatch.daemon.watch import Watcher
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
+from specwatch.probe import peerprobe
 from specwatch.probe.http.client import new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
@@ -64,6 +65,12 @@ async def settle(watcher: Watcher, schedule: Schedule) -> None:
     schedule.shutdown()
     if watcher._rounds:
         await asyncio.wait(list(watcher._rounds), timeout=60)
+
+
+def _peer_probes(watcher: Watcher, name: str) -> int:
+    """Peer probe answers the server gave (each copy of a burst counted)."""
+    model = _model(watcher, name)
+    return model.peer_answers.outcomes.get("success", 0) if model is not None else 0
 
 
 def _model(watcher: Watcher, name: str) -> ModelState | None:
@@ -131,27 +138,37 @@ async def test_a_steady_server_stays_within_its_canary_budget(model: Path, tmp_p
             for name in ("plain", "draft"):
                 await wait_until_async(f"{name} verdict", lambda n=name: _verdict(watcher, n) not in (None, Verdict.UNCHECKED), timeout=30)
             await asyncio.sleep(interval)  # the first full round (and a second pass, if one runs) is over
+            # Both serve one model, so each also answers the peer probe: one question of TOKENS per canary_interval.
             before = {s.url: (await asyncio.to_thread(counters, s.url))[PREDICTED] for s in (plain, draft)}
+            probes_before = {name: _peer_probes(watcher, name) for name in ("plain", "draft")}
             await asyncio.sleep(window)
             after = {s.url: (await asyncio.to_thread(counters, s.url))[PREDICTED] for s in (plain, draft)}
             settings = watcher.settings
             for name, server, size in (("plain", plain, settings.canary_tokens),
                                        ("draft", draft, settings.canary_tokens_speculating)):
-                spent = after[server.url] - before[server.url]
+                probed = (_peer_probes(watcher, name) - probes_before[name]) * peerprobe.TOKENS
+                # At most one per interval, plus one begun before the window; late by at most a poll interval.
+                assert (int(window // (interval + poll)) - 1) * peerprobe.TOKENS <= probed <= (
+                    window / interval + 1) * peerprobe.TOKENS, (name, probed)
+                spent = after[server.url] - before[server.url] - probed
                 every = spacing(_model(watcher, name), interval=settings.canary_interval, tokens=settings.canary_tokens,
                                 tokens_speculating=settings.canary_tokens_speculating)
                 assert every == settings.canary_interval * (1 if name == "plain" else 2)
                 # One canary of its size per spacing, plus the one that may have started before the window and ended
-                # in it: at the defaults (60 s, 8 and 32 tokens) 480 and 960 tokens an hour.
-                budget = size * window / every + size
+                # in it: at the defaults (60 s, 8 and 32 tokens) 480 and 960 tokens an hour. A peer probe in flight
+                # at either end is counted by the server and not yet by specwatch, or the other way: one either way.
+                budget = size * window / every + size + peerprobe.TOKENS
                 # Canaries start at polls, so one is late by at most a poll interval: the fewest the window holds.
-                fewest = (int(window // (every + poll)) - 1) * size
+                fewest = (int(window // (every + poll)) - 1) * size - peerprobe.TOKENS
                 assert fewest <= spent <= budget, (name, spent, fewest, budget)
             await settle(watcher, schedule)
             for name, server in (("plain", plain), ("draft", draft)):
-                # Every token the server generated was a canary that specwatch asked for and counted.
+                # Every token the server generated was a canary or a peer probe that specwatch asked for and counted
+                # (the cycle model never ends an answer early: a probe is TOKENS).
                 total = (await asyncio.to_thread(counters, server.url))[PREDICTED]
-                assert total == _model(watcher, name).canary_tokens["generated"], name
+                assert total == _model(watcher, name).canary_tokens["generated"] + _peer_probes(
+                    watcher, name) * peerprobe.TOKENS, name
+                assert _model(watcher, name).peer_answers.outcomes.get("failure", 0) == 0, name
     finally:
         plain.stop()
         draft.stop()

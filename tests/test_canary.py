@@ -244,17 +244,16 @@ def cycle_model(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("kind", list(SPECULATION))
 async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_model) -> None:
     """Build 11434, fresh server per kind, every endpoint in the canary's order at the speculating size (32 tokens)."""
-    import httpx
-
     from specwatch.demo.llamaserver import LlamaServer
     from specwatch.probe import probes
+    from specwatch.probe.http.client import new_client
     from specwatch.probe.http.fetch import Fetcher
     from specwatch.settings.targets import ServerConfig
 
     args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]
     with LlamaServer(cycle_model, args) as server:
         target = ServerConfig(name=kind, url=server.url)
-        async with httpx.AsyncClient() as client:
+        async with new_client() as client:
             fetcher = Fetcher(client, 1 << 22)
             tallies = {e: await probes.canary(fetcher, target, e, tokens=32, timeout=60) for e in Endpoint}
     assert all(t.tokens == 32 for t in tallies.values())

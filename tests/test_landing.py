@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from specwatch.daemon import landing
+from specwatch.daemon import landing, peering
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.web import WebApp
@@ -48,10 +48,12 @@ def served(make_watcher, tmp_path: Path):
 
     async def probe() -> None:
         for name in FAKES:
-            await watcher.poll(name)
-            if watcher.fleet.get(name).poll_success:  # as the daemon does: no canary for a server that did not answer
-                await watcher.canary(name)
-        watcher.peers.settle()  # as the daemon's next tick does
+            await watcher.tick(name)  # its poll, then its canaries and the peer probes it made due
+        while watcher._rounds:
+            await asyncio.gather(*watcher._rounds)
+        # As the daemon's next tick does, once a group of this size may be compared again.
+        await asyncio.sleep(peering.SECONDS_PER_MEMBER * len(servers))
+        watcher.peers.settle()
 
     asyncio.run(probe())
     exposition = Exposition(watcher.fleet, lambda: ExporterStatus(15.0, 60.0))
