@@ -1,6 +1,7 @@
 """Replicas of a real trained model (Gemma 3 270M Q4_K_M) compared, as the daemon and `check` compare them: a busy
 4-slot replica (whose numbers batching moves), a speculating one, a renamed file and another build string agree; the
-same file with its weights changed a little and one accepting drafts at random (synthetic acceptance) differ.
+same file with its weights changed a little and one accepting drafts at random (synthetic acceptance) differ; and
+behind a real load balancer, what an eval then reads and what the gate says.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from specwatch.demo.llamaserver import LlamaServer
-from tests.support import gemma, llamabuild
+from tests.support import gemma, haproxy, llamabuild
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until
@@ -155,3 +156,24 @@ def test_check_compares_the_replicas_it_is_given(pool: dict[str, LlamaServer]) -
                           "--endpoint", "completion")
     assert code == 1 and report["disagreeing"] == [pool["changed"].url], report["summary"]
     assert report["peers"][pool["changed"].url]["kind"] == "answers"
+
+
+def test_behind_a_balancer_the_eval_reads_whichever_replica_and_check_never_calls_the_pool_clean(
+        pool: dict[str, LlamaServer], tmp_path: Path) -> None:
+    from openai import OpenAI
+
+    members = ("plain", "renamed", "changed")
+    with haproxy.balancing([pool[name].url for name in members], tmp_path) as balancer:
+        client = OpenAI(base_url=f"{balancer}/v1", api_key="unused", max_retries=0, timeout=120)
+        for prompt in ("The capital of France is", "Once upon a time,"):
+            said = [client.completions.create(model=gemma.ALIAS, prompt=prompt, max_tokens=8, temperature=0,
+                                              logprobs=3) for _ in members]
+            # llama-server gives a completion's logprobs as chat does (`content`), which the SDK keeps as an extra field.
+            numbers = {tuple(t["logprob"] for t in answer.model_dump()["choices"][0]["logprobs"]["content"])
+                       for answer in said}
+            # Round robin: one ask went to each replica; the two of one file gave one answer, the changed one another.
+            assert len(numbers) == 2, [answer.choices[0].text for answer in said]
+        code, report = _check(balancer, "--endpoint", "completion", "--tokens", "8")
+        # Its /props changes from one request to the next (each process has its own media marker): never clean.
+        assert code == 2 and report["verdict"] == "unchecked" and report["signs"], report["summary"]
+        assert "--exporter" in report["summary"]
