@@ -189,6 +189,26 @@ async def test_bytes_after_an_answer_are_never_read_as_the_next_answer(fetcher: 
     assert (second, server.connections) == ({"connection": 2}, 2)  # the connection with bytes left over was not reused
 
 
+async def test_a_stream_asked_to_close_never_lends_its_connection_to_the_next_request(fetcher: Fetcher) -> None:
+    """A server (or a front end before it) that honours the stream's `Connection: close` without saying so closes a
+    beat after the answer: a POST sent on that connection meanwhile would be lost, and a POST is never sent again."""
+    async def closes_silently(connection: int, served: int, writer: asyncio.StreamWriter) -> bool:
+        body = b'data: {"content": "x"}\n\ndata: [DONE]\n\n'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the client has its answer, and sends the next request before the close arrives
+        writer.close()
+        return False
+
+    async with RawServer(closes_silently) as server:
+        assert await fetcher.post_events(f"{server.url}/completion", {"stream": True}, headers={}, timeout=5) == [
+            {"content": "x"}]
+        assert await fetcher.post_events(f"{server.url}/completion", {"stream": True}, headers={}, timeout=5) == [
+            {"content": "x"}]
+    assert (server.requests, server.connections) == (2, 2)
+
+
 async def test_a_chunked_answer_with_trailers_and_an_early_hint_is_read_whole(fetcher: Fetcher) -> None:
     async def chunked(connection: int, served: int, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n"

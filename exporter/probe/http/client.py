@@ -22,45 +22,58 @@ threads busy, and a moved server is found again within this."""
 
 
 class Client:
-    """aiohttp's session and connector, made on first use inside the running loop (aiohttp binds them to it)."""
+    """aiohttp's sessions and connectors, made on first use inside the running loop (aiohttp binds them to it)."""
 
     def __init__(self, *, verify: bool | ssl.SSLContext = True, resolver: AbstractResolver | None = None) -> None:
         self._verify = verify
         self._resolver = resolver
-        self._session: aiohttp.ClientSession | None = None
-        self._connector: aiohttp.TCPConnector | None = None
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        """The session every request goes through."""
-        if self._session is None:
-            self._connector = connector = aiohttp.TCPConnector(
-                limit=0,  # the watcher's semaphore bounds the total, and can change on reload
-                limit_per_host=CONNECTIONS_PER_SERVER,
-                keepalive_timeout=KEEPALIVE_SECONDS,
-                ttl_dns_cache=DNS_CACHE_SECONDS,
-                ssl=self._verify,
-                resolver=self._resolver,
-            )
-            # No cookie jar: llama-server sets none, and a jar would hand one server's cookie to every other server on
-            # the same host, as cookies ignore ports. trust_env=False: HTTP(S)_PROXY and .netrc are never read.
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                headers={"User-Agent": USER_AGENT},
-                trust_env=False,
-                timeout=aiohttp.ClientTimeout(total=None),
-            )
-        return self._session
+        """The session every request goes through, its connections kept alive between requests."""
+        return self._sessions.get(False) or self._open(closing=False)
+
+    @property
+    def closing(self) -> aiohttp.ClientSession:
+        """The session for a request whose connection must end with it: it asks the server to close, and never reuses.
+
+        llama-server closes the connection after a streamed answer without saying so (build 11434), and aiohttp pools a
+        connection by the answer's headers alone: a request sent on it before the close arrived would be lost.
+        """
+        return self._sessions.get(True) or self._open(closing=True)
+
+    def _open(self, *, closing: bool) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=0,  # the watcher's semaphore bounds the total, and can change on reload
+            limit_per_host=CONNECTIONS_PER_SERVER,
+            keepalive_timeout=None if closing else KEEPALIVE_SECONDS,
+            force_close=closing,  # sends `Connection: close`, and closes the connection when its answer is read
+            ttl_dns_cache=DNS_CACHE_SECONDS,
+            ssl=self._verify,
+            resolver=self._resolver,
+        )
+        # No cookie jar: llama-server sets none, and a jar would hand one server's cookie to every other server on the
+        # same host, as cookies ignore ports. trust_env=False: HTTP(S)_PROXY and .netrc are never read.
+        session = self._sessions[closing] = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            headers={"User-Agent": USER_AGENT},
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        return session
 
     def forget_names(self) -> None:
         """Drop every cached name lookup: servers that went away (a reload, discovery) leave none behind."""
-        if self._connector is not None:
-            self._connector.clear_dns_cache()
+        for session in self._sessions.values():
+            connector = session.connector
+            if isinstance(connector, aiohttp.TCPConnector):
+                connector.clear_dns_cache()
 
     async def aclose(self) -> None:
-        session, self._session, self._connector = self._session, None, None
-        if session is not None:
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
             await session.close()
 
     async def __aenter__(self) -> Client:

@@ -20,9 +20,6 @@ from .sse import parse_json
 T = TypeVar("T")
 NOT_LOADED_MESSAGE = b"model is not loaded"
 _JSON = {"Content-Type": "application/json"}
-_STREAM = {**_JSON, "Connection": "close"}
-"""llama-server closes the connection after a streamed answer without saying so (build 11434): a request sent on it
-at once, before its close arrived, is lost. Asked to close, the client never takes it again."""
 
 
 @functools.lru_cache(maxsize=1 << 15)
@@ -64,11 +61,11 @@ class Fetcher:
 
     async def post_events(self, url: str, body: Any, *, headers: dict[str, str], timeout: float) -> list[Any]:
         """The JSON payloads of a server-sent-event stream, up to `[DONE]` or the end."""
-        return await self._exchange("POST", url, body, {**_STREAM, **headers}, timeout, self._events)
+        return await self._exchange("POST", url, body, headers, timeout, self._events, closing=True)
 
     async def _exchange(
         self, method: str, url: str, body: Any, headers: dict[str, str], timeout: float,
-        read: Callable[[aiohttp.ClientResponse], Awaitable[T]],
+        read: Callable[[aiohttp.ClientResponse], Awaitable[T]], *, closing: bool = False,
     ) -> T:
         """One request and its answer read by `read`, all within `timeout`; a cancelled exchange closes its connection.
 
@@ -82,7 +79,8 @@ class Fetcher:
         try:
             async with asyncio.timeout(timeout):
                 # One deadline for the exchange; the per-read timeout is the library's, and never the shorter.
-                async with self.client.session.request(
+                session = self.client.closing if closing else self.client.session
+                async with session.request(
                     method, _parsed(url), data=data, headers=headers, allow_redirects=False, timeout=_read_timeout(timeout),
                 ) as response:
                     try:
