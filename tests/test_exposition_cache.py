@@ -173,9 +173,9 @@ async def test_the_scrapes_of_one_preparation_compress_the_fleet_once(make_watch
     made: list[bytes] = []
     original = serve._GzipPrefix.__init__
 
-    def counting(self, text: bytes) -> None:
+    def counting(self, generation: int, text: bytes) -> None:
         made.append(text)
-        original(self, text)
+        original(self, generation, text)
 
     monkeypatch.setattr(serve._GzipPrefix, "__init__", counting)
     bodies = [exposition.scrape(None, "gzip").body for _ in range(3)]

@@ -84,8 +84,10 @@ class _GzipPrefix:
 
     _HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"  # deflate, no name, mtime 0, fastest, unknown OS
 
-    def __init__(self, text: bytes) -> None:
-        self.text = text
+    def __init__(self, generation: int, text: bytes) -> None:
+        self.generation = generation
+        """The renderer's generation of `text`; the text itself is not kept (8 MB at 1,000 servers)."""
+        self._length = len(text)
         self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
         self._prefix = self._HEADER + self._compressor.compress(text)
         self._crc = zlib.crc32(text)
@@ -93,7 +95,7 @@ class _GzipPrefix:
     def member(self, rest: bytes) -> bytes:
         compressor = self._compressor.copy()
         tail = compressor.compress(rest) + compressor.flush()
-        trailer = struct.pack("<II", zlib.crc32(rest, self._crc), (len(self.text) + len(rest)) & 0xFFFFFFFF)
+        trailer = struct.pack("<II", zlib.crc32(rest, self._crc), (self._length + len(rest)) & 0xFFFFFFFF)
         return b"".join((self._prefix, tail, trailer))
 
 
@@ -215,14 +217,14 @@ class Exposition:
             encoder, content_type = choose_encoder(accept or "")
             body = encoder(self.registry)
             return Scrape(gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0) if gzipped else body, content_type, gzipped)
-        text = self.renderer.text()
+        generation, text = self.renderer.versioned()
         process = generate_latest(self._process)
         if not gzipped:
             return Scrape(text + process, TEXT_FORMAT, False)
         self._scrapes.seen(time.monotonic())
         cached = self._gzipped
-        if cached is None or cached.text is not text:
-            cached = self._gzipped = _GzipPrefix(text)
+        if cached is None or cached.generation != generation:
+            cached = self._gzipped = _GzipPrefix(generation, text)
         return Scrape(cached.member(process), TEXT_FORMAT, True)
 
     def _prepare_in_background(self) -> None:
@@ -247,10 +249,10 @@ class Exposition:
         """Render what changed; compress it too when a gzipped scrape is due before the next preparation."""
         self.renderer.prepare()
         if self._scrapes.due(time.monotonic(), PREPARE_SECONDS + _Scrapes.TOLERANCE):
-            text = self.renderer.text()
+            generation, text = self.renderer.versioned()
             cached = self._gzipped
-            if cached is None or cached.text is not text:
-                self._gzipped = _GzipPrefix(text)
+            if cached is None or cached.generation != generation:
+                self._gzipped = _GzipPrefix(generation, text)
 
 
 def _prepare_forever(exposition: weakref.ReferenceType[Exposition], failures: _Failures) -> None:

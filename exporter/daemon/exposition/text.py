@@ -119,32 +119,43 @@ class TextRenderer:
         self._columns: dict[str, list[str]] = {}
         """Each family's lines per server, in fleet order: a block is one join."""
         self._blocks: dict[str, bytes] = {}
-        self._prepared: tuple[float, ExporterStatus, bytes] | None = None
+        self._prepared: tuple[float, ExporterStatus, int, bytes] | None = None
+        self._generation = 0
         self._lock = threading.Lock()  # the memos are shared by scrapes on several HTTP threads and the preparer
 
     def text(self) -> bytes:
-        """The current exposition: what prepare() made while recent and the servers and settings are the same, else now.
+        """The current exposition (see `versioned`)."""
+        return self.versioned()[1]
+
+    def versioned(self) -> tuple[int, bytes]:
+        """The current exposition and its generation: what prepare() made while recent and the servers and settings are
+        the same, else made now.
 
         A sample is then served up to PREPARED_FOR seconds after its probe recorded it (its value is as old as its poll
-        or canary anyway); a reload, or a server added or removed, is served at once. The same preparation gives the
-        same bytes object, so what is made of it (a gzipped body) can be reused.
+        or canary anyway); a reload, or a server added or removed, is served at once. One generation is one bytes
+        object, so what is made of it (a gzipped body) can be reused, and kept without keeping the body.
         """
         with self._lock:
             prepared = self._prepared
             if prepared is not None and time.monotonic() - prepared[0] < PREPARED_FOR:
-                _, status, body = prepared
+                _, status, generation, body = prepared
                 servers = self._fleet.snapshot()
                 # Compared by value: a status function may build a new, equal status on every call.
                 if status == self._status() and self._order == tuple(s.config.name for s in servers):
-                    return body
+                    return generation, body
             self._prepared = None
-            return self._render(self._status())
+            body = self._render(self._status())
+            self._generation += 1
+            return self._generation, body
 
     def prepare(self) -> None:
         """Render what changed now, for the scrapes of the next PREPARED_FOR seconds."""
         with self._lock:
             status = self._status()
-            self._prepared = (time.monotonic(), status, self._render(status))
+            self._prepared = None  # the last body is let go before the next is made: one of them at a time
+            body = self._render(status)
+            self._generation += 1
+            self._prepared = (time.monotonic(), status, self._generation, body)
 
     def _labels_for(self, server: ServerState) -> ServerLabels:
         found = self._labels.get(server.config.name)
