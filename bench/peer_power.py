@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -44,6 +42,7 @@ from specwatch.probe.http.fetch import Fetcher
 from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.peerprobe import BURST, PATH, QUESTIONS, body, read
 from tests.support import gemma, llamabuild
+from tests.support.traffic import busy
 
 HEALTHY = ("plain", "busy-a", "busy-b", "drafting", "renamed", "other-build")
 DIFFERENT = ("requantized", "weights-0.02", "weights-0.03", "weights-0.035", "weights-0.05", "synthetic")
@@ -60,7 +59,6 @@ EVAL_PROMPTS = tuple(f"Question: {q}\nAnswer:" for q in (
     "In which country are the pyramids of Giza?", "What is the freezing point of water?",
     "Which animal is known as the king of the jungle?", "What is the tallest mountain in the world?",
     "What is the main ingredient in bread?", "How many days are there in a leap year?"))
-WORDS = "the of and a to in is you that it he was for on are as with his they I at be this have from".split()
 
 
 @dataclass
@@ -99,38 +97,6 @@ def replicas(work: Path) -> list[Replica]:
           for eps in (0.02, 0.03, 0.035, 0.05)),
         Replica("synthetic", source, extra=(*draft, "--spec-synth-len", "4")),
     ]
-
-
-def _post(url: str, payload: dict[str, Any], timeout: float = 120) -> Any:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        return json.loads(answer.read())
-
-
-class Load:
-    """Three other requests decoding on a server at all times: its slots batch the probe's tokens with them."""
-
-    def __init__(self, url: str, streams: int = 3) -> None:
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(url, i), daemon=True) for i in range(streams)]
-
-    def _run(self, url: str, seed: int) -> None:
-        rng = random.Random(seed)
-        while not self._stop.is_set():
-            prompt = " ".join(rng.choice(WORDS) for _ in range(24))
-            try:
-                _post(f"{url}/completion", {"prompt": prompt, "n_predict": 96, "temperature": 0.8, "cache_prompt": False})
-            except OSError:
-                time.sleep(0.2)
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        time.sleep(1.0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
 
 
 async def _ask(fetcher: Fetcher, url: str, kind: str, question: int) -> Any:
@@ -186,7 +152,8 @@ def collect(work: Path, rounds: int, rounds_different: int, only: Sequence[str])
                         "models": json.loads(urllib.request.urlopen(f"{server.url}/v1/models", timeout=10).read())}
                 out.write(json.dumps(info) + "\n")
                 if replica.busy:
-                    with Load(server.url):
+                    with busy(server.url, n_predict=96):
+                        time.sleep(1.0)  # the other requests decode before the first probe
                         loop.run(_collect_from(server.url, replica.name, count, out))
                 else:
                     loop.run(_collect_from(server.url, replica.name, count, out))

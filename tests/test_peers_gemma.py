@@ -6,12 +6,7 @@ behind a real load balancer, what an eval then reads and what the gate says.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,14 +16,14 @@ import pytest
 from specwatch.demo.llamaserver import LlamaServer
 from tests.support import gemma, haproxy, llamabuild
 from tests.support.metrics import find, scrape
-from tests.support.process import ExporterProcess
+from tests.support.process import ExporterProcess, check_json
+from tests.support.traffic import busy
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 AGREEING = ("plain", "busy", "drafting", "renamed", "other-build")
 DIFFERING = ("changed", "synthetic")
-WORDS = "the of and a to in is you that it he was for on are as with his they I at be this have from".split()
 
 
 @pytest.fixture(scope="module")
@@ -60,39 +55,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory, fixed_llama_binary: Path) -> 
     finally:
         for server in servers.values():
             server.close()
-
-
-@contextlib.contextmanager
-def busy(url: str, requests: int = 3) -> Iterator[list[int]]:
-    """`requests` other requests decoding on the server all the time: its slots batch the probes with them."""
-    stop, answered = threading.Event(), [0]
-
-    def keep_busy(seed: int) -> None:
-        words = random.Random(seed)
-        with httpx.Client(timeout=120) as client:
-            while not stop.is_set():
-                prompt = " ".join(words.choice(WORDS) for _ in range(24))
-                with contextlib.suppress(httpx.HTTPError):
-                    client.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 64, "temperature": 0.8,
-                                                           "cache_prompt": False})
-                    answered[0] += 1
-
-    threads = [threading.Thread(target=keep_busy, args=(i,), daemon=True) for i in range(requests)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield answered
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=130)
-
-
-def _check(*args: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
-                          timeout=600)
-    assert done.stdout, done.stderr
-    return done.returncode, json.loads(done.stdout)
 
 
 def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching_and_deployment(
@@ -140,21 +102,21 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
         assert peers["other-build"]["deployment"].startswith("build 'b0-patched'")
         assert peers["renamed"]["deployment"].startswith("file 'gemma-copy.gguf'")
 
-        code, report = _check("--exporter", exporter.url(), "--label", "pool=eval")
+        code, report = check_json("--exporter", exporter.url(), "--label", "pool=eval")
         assert code == 1 and sorted(report["disagreeing"]) == sorted(DIFFERING), report["summary"]
         plain = [name for name in AGREEING if name != "drafting"]
-        code, report = _check("--exporter", exporter.url(), *(f"--server={name}" for name in plain))
+        code, report = check_json("--exporter", exporter.url(), *(f"--server={name}" for name in plain))
         assert (code, report["disagreeing"]) == (0, []), report["summary"]
         # The speculating replica agrees with its peers, and serves fill-ins all the same: exit 1 for that alone.
-        code, report = _check("--exporter", exporter.url(), "--server=drafting", "--server=plain")
+        code, report = check_json("--exporter", exporter.url(), "--server=drafting", "--server=plain")
         assert (code, report["verdict"], report["disagreeing"]) == (1, "fill_ins", []), report["summary"]
 
 
 def test_check_compares_the_replicas_it_is_given(pool: dict[str, LlamaServer]) -> None:
-    code, report = _check(pool["plain"].url, pool["renamed"].url, pool["other-build"].url, "--tokens", "8",
+    code, report = check_json(pool["plain"].url, pool["renamed"].url, pool["other-build"].url, "--tokens", "8",
                           "--endpoint", "completion")
     assert (code, report["disagreeing"], report["undecided"]) == (0, [], []), report["summary"]
-    code, report = _check(pool["plain"].url, pool["renamed"].url, pool["changed"].url, "--tokens", "8",
+    code, report = check_json(pool["plain"].url, pool["renamed"].url, pool["changed"].url, "--tokens", "8",
                           "--endpoint", "completion")
     assert code == 1 and report["disagreeing"] == [pool["changed"].url], report["summary"]
     assert report["peers"][pool["changed"].url]["kind"] == "answers"
@@ -175,7 +137,7 @@ def test_behind_a_balancer_the_eval_reads_whichever_replica_and_check_never_call
                        for answer in said}
             # Round robin: one ask went to each replica; the two of one file gave one answer, the changed one another.
             assert len(numbers) == 2, [answer.choices[0].text for answer in said]
-        code, report = _check(balancer, "--endpoint", "completion", "--tokens", "8")
+        code, report = check_json(balancer, "--endpoint", "completion", "--tokens", "8")
         # Its /props changes from one request to the next (each process has its own media marker): never clean.
         assert code == 2 and report["verdict"] == "unchecked" and report["signs"], report["summary"]
         assert "--exporter" in report["summary"]

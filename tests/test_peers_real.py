@@ -9,11 +9,6 @@ shape and words whose cycle runs the other way; and a router serving the pool's 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +19,9 @@ import pytest
 from specwatch.demo.llamaserver import LlamaRouter, LlamaServer, router_preset
 from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.metrics import find, scrape
-from tests.support.process import ExporterProcess
+from tests.support.process import ExporterProcess, check_json
 from tests.support.replicas import ALIAS, replica_models
+from tests.support.traffic import busy
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -40,18 +36,6 @@ class Pool:
 
     def url(self, name: str) -> str:
         return self.servers[name].url
-
-
-def _keep_busy(url: str, stop: threading.Event, answered: list[int]) -> None:
-    """Other requests decoding beside the canaries, all the time, as an eval's traffic would."""
-    with httpx.Client(timeout=60) as client:
-        while not stop.is_set():
-            try:
-                client.post(f"{url}/completion", json={"prompt": "hello world " * 20, "n_predict": 48, "temperature": 0.8,
-                                                       "cache_prompt": False})
-                answered[0] += 1
-            except httpx.HTTPError:
-                continue
 
 
 @pytest.fixture(scope="module")
@@ -85,34 +69,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             server.close()
 
 
-@contextlib.contextmanager
-def busy(url: str, requests: int = 3) -> Iterator[list[int]]:
-    """`requests` other requests decoding on the server all the time (it runs one thread: about one core)."""
-    stop, answered = threading.Event(), [0]
-    threads = [threading.Thread(target=_keep_busy, args=(url, stop, answered), daemon=True) for _ in range(requests)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield answered
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=70)
-
-
-def _check(*args: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
-                          timeout=300)
-    assert done.stdout, done.stderr
-    return done.returncode, json.loads(done.stdout)
-
-
 def test_the_daemon_finds_the_replicas_that_serve_another_model_and_the_gate_refuses_the_pool(pool: Pool,
                                                                                           tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
     lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.servers.items()]
     config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 1s\ncanary_interval: 1s\n", encoding="utf-8")
-    with busy(pool.url("wide")) as answered, ExporterProcess("--config", str(config)) as exporter:
+    with busy(pool.url("wide"), n_predict=48, prompt=lambda rng: "hello world " * 20, timeout=60) as answered, ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
         metrics = f"{exporter.url()}/metrics"
         seen_wide: list[float | None] = []
@@ -145,25 +107,25 @@ def test_the_daemon_finds_the_replicas_that_serve_another_model_and_the_gate_ref
         verdicts = {s["server"]: s["models"][0]["verdict"] for s in document["servers"]}
         assert verdicts["draft"] == "fill_ins" and verdicts["requantized"] == "clean"
 
-        code, report = _check("--exporter", exporter.url(), "--label", "pool=eval")
+        code, report = check_json("--exporter", exporter.url(), "--label", "pool=eval")
         assert code == 1 and sorted(report["disagreeing"]) == sorted(DISAGREEING)
-        code, report = _check("--exporter", exporter.url(), "--server", "plain", "--server", "wide")
+        code, report = check_json("--exporter", exporter.url(), "--server", "plain", "--server", "wide")
         assert (code, report["verdict"], report["disagreeing"]) == (0, "clean", [])
 
 
 def test_check_compares_the_servers_it_is_given(pool: Pool) -> None:
-    code, report = _check(pool.url("plain"), pool.url("wide"), pool.url("requantized"), "--tokens", "16")
+    code, report = check_json(pool.url("plain"), pool.url("wide"), pool.url("requantized"), "--tokens", "16")
     assert code == 1 and report["disagreeing"] == [pool.url("requantized")], report["summary"]
     assert "fingerprint" in report["summary"]
-    code, report = _check(pool.url("plain"), pool.url("wide"), pool.url("same-name"), "--tokens", "16")
+    code, report = check_json(pool.url("plain"), pool.url("wide"), pool.url("same-name"), "--tokens", "16")
     assert code == 1 and report["disagreeing"] == [pool.url("same-name")], report["summary"]
     assert report["peers"][pool.url("same-name")]["kind"] == "answers"
     # The n-gram replica serves fill-ins (exit 1 for that) and still emits its plain peers' texts.
-    code, report = _check(pool.url("plain"), pool.url("wide"), pool.url("ngram"), "--tokens", "16",
+    code, report = check_json(pool.url("plain"), pool.url("wide"), pool.url("ngram"), "--tokens", "16",
                           "--endpoint", "completion")
     assert (code, report["verdict"], report["disagreeing"]) == (1, "fill_ins", []), report["summary"]
     assert {entry["agreement"] for entry in report["peers"].values()} == {True}
-    code, report = _check(pool.url("plain"), f"{pool.url('router')}", "--model", ALIAS, "--tokens", "16",
+    code, report = check_json(pool.url("plain"), f"{pool.url('router')}", "--model", ALIAS, "--tokens", "16",
                           "--endpoint", "completion")
     assert (code, report["disagreeing"]) == (0, []), report["summary"]
     assert set(report["peers"]) == {f"{pool.url('plain')}/{ALIAS}", f"{pool.url('router')}/{ALIAS}"}

@@ -9,7 +9,8 @@ from specwatch.core.verdict import Verdict
 from specwatch.endpoints import Endpoint
 from specwatch.reasons import Reason
 from tests.support.fakes import fake_fleet, serving
-from tests.support.loopback import Exchange, FaultServer
+from tests.support.faults import Held
+from tests.support.loopback import FaultServer
 from tests.support.metrics import exposition, parse, value
 from tests.support.wire import FakeLlama
 
@@ -101,20 +102,9 @@ async def test_a_failed_canary_keeps_the_cached_verdict_and_its_age(make_watcher
 
 async def test_a_canary_in_flight_is_not_started_again(make_watcher) -> None:
     gate = threading.Event()
-
-    class Held:
-        """Every canary is held until the test lets it go."""
-
-        async def play(self, exchange: Exchange) -> bool:
-            while not gate.is_set():
-                await asyncio.sleep(0.01)
-            answer = exchange.healthy()
-            exchange.connection.send(answer, exchange.closing)
-            return True
-
     watcher = make_watcher({}, servers=[{"name": "slow", "url": "http://slow:1"}], canary_endpoints=["chat"])
     with FaultServer(FakeLlama.plain()) as slow:
-        slow.play(Held(), "/v1/chat/completions")
+        slow.play(Held(gate), "/v1/chat/completions")
         fleet = fake_fleet({})
         fleet.names.ports["slow"] = slow.port
         watcher.fetcher.client = fleet.client()
@@ -366,17 +356,9 @@ async def test_canary_checked_is_0_for_every_endpoint_until_canaried_since_the_s
 async def test_close_ends_a_tick_in_flight_and_nothing_is_sent_after(make_watcher) -> None:
     """A tick cancelled while its poll waits goes no further: no /v1/models, no canary, once close() has returned."""
     release = threading.Event()
-
-    class Held:
-        async def play(self, exchange: Exchange) -> bool:
-            while not release.is_set():
-                await asyncio.sleep(0.01)
-            exchange.connection.send(exchange.healthy(), exchange.closing)
-            return True
-
     watcher = make_watcher({}, servers=[{"name": "a", "url": "http://a:1"}], canary_endpoints=["chat"])
     with FaultServer(FakeLlama.plain()) as server:
-        server.play(Held(), "/props")
+        server.play(Held(release), "/props")
         fleet = fake_fleet({})
         fleet.names.ports["a"] = server.port
         watcher.fetcher.client = fleet.client()

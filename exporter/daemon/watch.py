@@ -27,6 +27,7 @@ from .cadence import Round, due, peers_due, slots_known
 from .peering import PeerBoard
 
 log = structlog.get_logger("specwatch")
+_CANCELLED = {"poll": "poll_cancelled", "canary": "canary_cancelled", "peers": "peer_probe_cancelled"}
 REMIND_SECONDS = 600.0
 """A failure that goes on is logged again this often; counters and gauges carry every occurrence."""
 
@@ -126,6 +127,18 @@ class Watcher(Runner):
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]
 
+    @contextlib.contextmanager
+    def _running(self, key: tuple[str, ...]) -> Iterator[None]:
+        """A probe `_claim` let start, in flight until it ends; cancelled (shutdown), it records nothing more."""
+        try:
+            with self._tracked():
+                yield
+        except asyncio.CancelledError:
+            log.debug(_CANCELLED[key[0]], server=key[1])  # shutdown: nothing to record, and nothing after it
+            raise
+        finally:
+            self._in_flight.discard(key)
+
     @contextlib.asynccontextmanager
     async def _gate(self, *, canary: bool) -> AsyncIterator[None]:
         async with self._canary_limit if canary else contextlib.nullcontext(), self._limit:
@@ -189,14 +202,8 @@ class Watcher(Runner):
         server = None if self._closed else self._claim(("poll", name))
         if server is None:
             return
-        try:
-            with self._tracked():
-                await self.poll_once(server)
-        except asyncio.CancelledError:
-            log.debug("poll_cancelled", server=name)  # shutdown: nothing to record, and nothing after it
-            raise
-        finally:
-            self._in_flight.discard(("poll", name))
+        with self._running(("poll", name)):
+            await self.poll_once(server)
 
     def _known_slots(self, server: ServerConfig) -> KnownSlots:
         state, now, max_age = self.fleet.get(server.name), self._clock(), self.settings.canary_interval
@@ -223,18 +230,12 @@ class Watcher(Runner):
         key = (state.config.model or PLAIN) if key is None and state is not None else key
         if state is None or key is None or self._closed or self._claim(("canary", name, key)) is None:
             return
-        try:
+        with self._running(("canary", name, key)):
             model = state.models.get(key)
             if model is None:
                 return
             plan = rounds or Round(model.endpoints, full=True, rotation=True)
-            with self._tracked():
-                await self.round(state.config, key, plan.endpoints, full=plan.full)
-        except asyncio.CancelledError:
-            log.debug("canary_cancelled", server=name)  # shutdown: nothing to record, and nothing after it
-            raise
-        finally:
-            self._in_flight.discard(("canary", name, key))
+            await self.round(state.config, key, plan.endpoints, full=plan.full)
 
     def _canaried(self, server: ServerConfig, key: str, endpoint: Endpoint, measured: Measured[Tally],
                   change: Change | None) -> None:
@@ -258,19 +259,13 @@ class Watcher(Runner):
         state = self.fleet.get(name)
         if state is None or self._closed or self._claim(("peers", name, key)) is None:
             return
-        try:
+        with self._running(("peers", name, key)):
             model = state.models.get(key)
             if model is None or model.poll is None:
                 return
             slots = model.poll.props.total_slots
             burst = BURST if slots is None else min(BURST, slots) if slots > 1 else 0
-            with self._tracked():
-                await self.ask_peers(state.config, key, questions, burst=burst)
-        except asyncio.CancelledError:
-            log.debug("peer_probe_cancelled", server=name)  # shutdown: nothing to record, and nothing after it
-            raise
-        finally:
-            self._in_flight.discard(("peers", name, key))
+            await self.ask_peers(state.config, key, questions, burst=burst)
 
     def _peer_asked(self, server: ServerConfig, key: str, question: int, measured: Measured[Logprobs],
                     change: Change | None) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -111,6 +112,19 @@ class Late:
 
     async def play(self, exchange: Exchange) -> bool:
         await asyncio.sleep(self.seconds)
+        exchange.connection.send(exchange.healthy(), exchange.closing)
+        return True
+
+
+@dataclass
+class Held:
+    """The healthy answer once `release` is set: a probe in flight for as long as a test needs it to be."""
+
+    release: threading.Event
+
+    async def play(self, exchange: Exchange) -> bool:
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
         exchange.connection.send(exchange.healthy(), exchange.closing)
         return True
 

@@ -197,3 +197,11 @@ def favoured(nice: int = -10) -> Iterator[None]:
         yield
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
+def check_json(*args: str, timeout: float = HANG) -> tuple[int, dict[str, Any]]:
+    """`specwatch check ARGS --json` as a user runs it: its exit code and its report."""
+    done = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
