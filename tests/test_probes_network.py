@@ -19,6 +19,7 @@ import structlog
 
 import specwatch.probe.http.client
 import specwatch.probe.http.fetch
+from specwatch.daemon.exposition.text import PREPARED_FOR
 from specwatch.daemon import logs
 from specwatch.daemon.cadence import spacing
 from specwatch.demo.llamaserver import LlamaServer, server_args
@@ -96,9 +97,9 @@ class Rig:
         return {name: (server.host, server.port) for name, server in self.servers.items()}
 
     def latest(self) -> Samples:
-        """The exposition as scraped from now on."""
-        since = time.time()
-        deadline = time.monotonic() + 5
+        """The exposition as it stands now: a scrape may serve a body prepared up to PREPARED_FOR seconds earlier."""
+        since = time.time() + PREPARED_FOR
+        deadline = time.monotonic() + PREPARED_FOR + 5
         while not self.sampler.scrapes or self.sampler.scrapes[-1].at < since:
             assert time.monotonic() < deadline, f"no scrape: {self.sampler.errors[-3:]}"
             time.sleep(0.02)
