@@ -19,9 +19,9 @@ import structlog
 
 import specwatch.probe.http.client
 import specwatch.probe.http.fetch
-from specwatch.daemon.exposition.text import PREPARED_FOR
 from specwatch.daemon import logs
 from specwatch.daemon.cadence import spacing
+from specwatch.daemon.exposition.text import PREPARED_FOR
 from specwatch.demo.llamaserver import LlamaServer, server_args
 from specwatch.demo.tinymodel import write_cycle_model
 from tests.support.metrics import Samples, value
