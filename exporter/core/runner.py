@@ -179,20 +179,10 @@ class Runner:
         for question in questions:
             async with self._gate(canary=True):  # once for a burst too: its copies must go out together
                 solo = await measure(ask(question), timeout, self._monotonic)
-                state = self.fleet.get(server.name)
-                model = state.models.get(key) if state is not None else None
                 noise: float | None = None
                 copies = 1
-                if solo.result is not None and model is not None and model.peer_answers.burst_due(
-                        question, self._clock(), again_after=REBURST_SECONDS):
-                    noise = 0.0
-                    if burst > 1:
-                        together = await asyncio.gather(*(measure(ask(question), timeout, self._monotonic)
-                                                          for _ in range(burst)))
-                        answers = [m.result for m in together if m.result is not None]
-                        # A burst cut short measured less than the noise: asked again at the next round.
-                        noise = spread([solo.result, *answers]) if len(answers) == burst else None
-                        copies += len(answers)
+                if solo.result is not None and self._burst_due(server, key, question):
+                    noise, copies = await self._burst(ask(question), solo.result, timeout, burst)
             if solo.reason is Reason.NOT_LOADED:
                 self._unloaded(server, key, self.fleet.record_unloaded(server.name, key))
                 return
@@ -201,6 +191,21 @@ class Runner:
             self._peer_asked(server, key, question, solo, change)
             if solo.result is None:
                 return
+
+    def _burst_due(self, server: ServerConfig, key: str, question: int) -> bool:
+        state = self.fleet.get(server.name)
+        model = state.models.get(key) if state is not None else None
+        return model is not None and model.peer_answers.burst_due(question, self._clock(), again_after=REBURST_SECONDS)
+
+    async def _burst(self, ask: Callable[[], Awaitable[Logprobs]], solo: Logprobs, timeout: float,
+                     burst: int) -> tuple[float | None, int]:
+        """`burst` copies of a question asked at once: the spread of their answers and `solo`'s, and how many answered."""
+        if burst <= 1:
+            return 0.0, 1
+        together = await asyncio.gather(*(measure(ask, timeout, self._monotonic) for _ in range(burst)))
+        answers = [m.result for m in together if m.result is not None]
+        # A burst cut short measured less than the noise: asked again at the next round.
+        return (spread([solo, *answers]) if len(answers) == burst else None), 1 + len(answers)
 
     async def round(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint], *, full: bool) -> None:
         """Canary `endpoints` of one model; a full round that leaves a speculating model unproven runs again."""
