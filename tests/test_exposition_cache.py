@@ -46,6 +46,8 @@ async def test_gzipped_exposition_is_the_text_exposition_through_every_kind_of_c
     exposition = Exposition(watcher.fleet, lambda: status)
 
     def same() -> None:
+        # What changed since is prepared now: else a body the preparing thread made before the change may be served.
+        exposition.prepare()
         text = exposition.renderer.text()
         plain, zipped = exposition.scrape(None, "identity"), exposition.scrape(None, "gzip")
         assert zipped.gzipped and not plain.gzipped
