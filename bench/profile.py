@@ -14,8 +14,10 @@ from pathlib import Path
 
 PY_SPY = "py-spy"
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
-_LIBRARIES = ("uvloop", "httpx", "httpcore", "h11", "anyio", "apscheduler", "structlog", "pydantic", "prometheus_client",
-              "tzlocal")
+_LIBRARIES = ("uvloop", "aiohttp", "multidict", "yarl", "propcache", "aiohappyeyeballs", "httpx", "httpcore", "h11", "anyio",
+              "apscheduler", "structlog", "pydantic", "prometheus_client", "tzlocal")
+"""Named on their own: the HTTP client and what it is built on (aiohttp, its headers, URLs and connection racing; httpx
+for bench/request_cpu.py's arm), and the design card's other libraries."""
 _STDLIB = {"asyncio": "asyncio/socket", "selectors.py": "asyncio/socket", "socket.py": "asyncio/socket",
            "ssl.py": "asyncio/socket", "json": "json", "gzip.py": "gzip", "logging": "logging", "threading.py": "threads",
            "dataclasses.py": "dataclasses", "copy.py": "dataclasses", "datetime.py": "datetime", "re": "re"}
