@@ -19,3 +19,22 @@ def test_each_benchmark_starts_and_explains_itself(script: str) -> None:
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout and f"bench.{script}" in done.stdout
+
+
+@pytest.mark.real
+def test_the_profile_split_names_the_http_client_and_our_modules(tmp_path: Path) -> None:
+    site = "/usr/lib/python3.11/site-packages"
+    raw = tmp_path / "stacks.raw"
+    raw.write_text(
+        f"Fetcher._exchange (/src/exporter/probe/http/fetch.py:83);ClientSession._request ({site}/aiohttp/client.py:740) 3\n"
+        f"_prepare_forever (/src/exporter/daemon/exposition/serve.py:260);TextRenderer._update "
+        f"(/src/exporter/daemon/exposition/text.py:190) 2\n"
+        f"start_connection ({site}/aiohappyeyeballs/impl.py:40) 1\n"
+        f"start_connection ({site}/aiohappyeyeballs/impl.py:40);other ({site}/somelib/x.py:1) 1\n"
+        "not a stack line\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "bench.profile", str(raw)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = {line.rsplit(maxsplit=2)[0]: tuple(line.rsplit(maxsplit=2)[1:]) for line in done.stdout.splitlines()[1:]}
+    assert rows == {"aiohttp": ("42.9", "42.9"), "specwatch.daemon.exposition": ("28.6", "28.6"),
+                    "aiohappyeyeballs": ("14.3", "28.6"), "other libraries": ("14.3", "14.3")}, done.stdout
