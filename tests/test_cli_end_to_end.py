@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
 from tests.support.metrics import find, scrape
 from tests.support.net import free_port
-from tests.support.process import ExporterProcess, favoured
+from tests.support.process import ExporterProcess, check_json, favoured
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.real
@@ -173,30 +172,24 @@ def test_plain_server_never_shows_a_fill_in(exporter_metrics: tuple[str, Path]) 
         time.sleep(1)
 
 
-def _check(*args: str) -> tuple[int, dict]:
-    result = subprocess.run([sys.executable, "-m", "specwatch", "check", *args, "--json"], capture_output=True, text=True,
-                            timeout=120)
-    return result.returncode, json.loads(result.stdout)
-
-
 def test_check_verdicts(servers: dict[str, LlamaServer], key_file: Path) -> None:
-    code, report = _check(servers["plain"].url)
+    code, report = check_json(servers["plain"].url)
     assert (code, report["verdict"]) == (0, "clean")
     assert all(e["fill_ins"] == 0 and e["tokens"] == 48 for e in report["endpoints"])
 
-    code, report = _check(servers["draft"].url)
+    code, report = check_json(servers["draft"].url)
     assert (code, report["verdict"]) == (1, "fill_ins")
     assert all(e["fill_ins"] == 47 for e in report["endpoints"])
 
-    code, report = _check(servers["ngram"].url)
+    code, report = check_json(servers["ngram"].url)
     assert code == 1 and report["verdict"] in ("fill_ins", "unproven")
 
-    code, report = _check(servers["locked"].url)
+    code, report = check_json(servers["locked"].url)
     assert (code, report["verdict"]) == (2, "unchecked") and "unauthorized" in report["summary"]
-    code, report = _check(servers["locked"].url, "--api-key-file", str(key_file))
+    code, report = check_json(servers["locked"].url, "--api-key-file", str(key_file))
     assert (code, report["verdict"]) == (0, "clean")
 
-    code, report = _check(servers["noslots"].url)
+    code, report = check_json(servers["noslots"].url)
     assert (code, report["verdict"], report["speculation_slots"]) == (1, "fill_ins", None)
 
 
@@ -205,16 +198,16 @@ def test_check_where_slots_are_off_needs_both_kinds_of_endpoint(servers: dict[st
     call it clean. Without /slots, a raw-prompt canary of 8 tokens and a chat canary of 32 are both needed."""
     simple, plain = servers["noslotssimple"].url, servers["noslotsplain"].url
     raw_only = ("--endpoint", "completion", "--endpoint", "v1_completion")
-    code, report = _check(simple, *raw_only)
+    code, report = check_json(simple, *raw_only)
     assert (code, report["verdict"]) == (1, "unproven"), report["summary"]
     assert all(e["fill_ins"] == 0 for e in report["endpoints"])  # it really did not draft there
     assert "32 tokens or more on a chat endpoint (chat, chat_stream)" in report["summary"]
-    code, report = _check(simple, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
+    code, report = check_json(simple, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
     assert (code, report["verdict"]) == (1, "fill_ins"), report["summary"]
     assert [e["endpoint"] for e in report["endpoints"] if e["fill_ins"]] == ["chat"]
-    assert _check(plain, *raw_only)[1]["verdict"] == "unproven"
-    assert _check(plain, "--endpoint", "chat", "--tokens", "48")[1]["verdict"] == "unproven"
-    code, report = _check(plain, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
+    assert check_json(plain, *raw_only)[1]["verdict"] == "unproven"
+    assert check_json(plain, "--endpoint", "chat", "--tokens", "48")[1]["verdict"] == "unproven"
+    code, report = check_json(plain, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "32")
     assert (code, report["verdict"]) == (0, "clean"), report["summary"]
 
 
@@ -235,12 +228,12 @@ def test_check_and_the_daemon_agree_on_every_verdict(exporter_metrics: tuple[str
                     timeout=90)
     for name, verdict in VERDICTS.items():
         assert _daemon_verdict(samples, name) == verdict
-        code, report = _check(servers["locked" if name == "unkeyed" else name].url)
+        code, report = check_json(servers["locked" if name == "unkeyed" else name].url)
         assert (report["verdict"], code) == (verdict, {"clean": 0, "fill_ins": 1, "unproven": 1, "unchecked": 2}[verdict])
 
 
 def test_check_refuses_an_unreachable_server() -> None:
-    code, report = _check(f"http://127.0.0.1:{free_port()}")
+    code, report = check_json(f"http://127.0.0.1:{free_port()}")
     assert (code, report["verdict"]) == (2, "unchecked") and "connection_refused" in report["summary"]
 
 

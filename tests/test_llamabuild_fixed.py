@@ -11,6 +11,7 @@ import pytest
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import cycle_text, write_cycle_model
 from tests.support.llamabuild import FILL_PROBS_ENV, FILL_PROBS_ON, SWITCHES, build_env
+from tests.support.process import check_json
 
 pytestmark = pytest.mark.real
 
@@ -181,18 +182,9 @@ def test_switch_on_post_sampling_probs_keep_the_placeholders(servers):
 FIXED_ENDPOINTS = ["completion", "completion_stream", "chat", "chat_stream", "v1_completion", "v1_completion_stream"]
 
 
-def _check(url: str, *args: str) -> tuple[int, dict]:
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "specwatch", "check", url, "--json", *args], capture_output=True, text=True,
-                          timeout=300)
-    return done.returncode, json.loads(done.stdout)
-
-
 def test_check_on_the_fixed_build_clean_where_fixed_fill_ins_where_not(servers):
     fixed = servers("on")
-    code, report = _check(fixed.url)
+    code, report = check_json(fixed.url)
     assert (code, report["verdict"]) == (1, "fill_ins")
     by_endpoint = {e["endpoint"]: e for e in report["endpoints"]}
     for endpoint in FIXED_ENDPOINTS:
@@ -200,7 +192,7 @@ def test_check_on_the_fixed_build_clean_where_fixed_fill_ins_where_not(servers):
     assert by_endpoint["completion_post_sampling"]["fill_ins"] == 47
     # The summary names what serves fill-ins, and only that.
     assert "completion_post_sampling 47/47" in report["summary"] and "chat " not in report["summary"]
-    code, report = _check(fixed.url, "--endpoint", "chat")
+    code, report = check_json(fixed.url, "--endpoint", "chat")
     assert (code, report["verdict"]) == (0, "clean")
     assert report["summary"] == "the server drafted and still returned real logprobs with alternatives"
     assert report["endpoints"][0]["draft_n"] > 0
