@@ -38,7 +38,7 @@ from tests.support.netfault import (
     StreamTap,
     connections,
 )
-from tests.support.process import favoured
+from tests.support.process import Favour, favoured
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -85,6 +85,7 @@ class Rig:
     namespace: Namespace
     tap: StreamTap
     record: ProbeRecord
+    favour: Favour
 
     def kind(self, name: str) -> str:
         return SERVERS[name][0]
@@ -134,7 +135,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     Namespace.sweep(NAME_PREFIX)
     # The rig's servers and exporter go first for a CPU: its bounds are about cadence and timeouts, which a machine
     # busy with other work (the suite's other workers) would otherwise stretch, a healthy 0.4 s stream past 1.9 s.
-    with favoured(), Firewall(CHAIN) as firewall, Namespace(NAME) as namespace, pytest.MonkeyPatch.context() as patch:
+    with favoured() as favour, Firewall(CHAIN) as firewall, Namespace(NAME) as namespace, pytest.MonkeyPatch.context() as patch:
         servers: dict[str, LlamaServer] = {}
         tap, record = StreamTap(), ProbeRecord()
         tap.install(patch)
@@ -158,7 +159,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             logs.configure("info", json=True, stream=log.stream)
             daemon = DaemonThread(config, free_port()).start()
             sampler = Sampler(daemon.url, keep=KEPT.__contains__).start()
-            built = Rig(servers, daemon, sampler, log, firewall, namespace, tap, record)
+            built = Rig(servers, daemon, sampler, log, firewall, namespace, tap, record, favour)
             wait_until("every server watched, canaried and healthy", lambda: all(healthy(built, n) for n in servers), timeout=60, interval=0.1)
             yield built
         finally:
@@ -180,7 +181,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
 class Held:
     """What the exporter holds at a quiet moment: no probe in flight."""
 
-    tasks: int
+    tasks: list[str]
+    """What each task still running awaits (its coroutine's name): a leaked one names itself."""
     threads: list[str]
     sockets: dict[str, list[str]]
     stranded: int
@@ -189,7 +191,7 @@ class Held:
     """What still ran once the schedule had been paused long enough for every probe to end: nothing, or a leak."""
 
     def report(self) -> str:
-        return (f"tasks {self.tasks}, threads {len(self.threads)}, "
+        return (f"tasks {len(self.tasks)}, threads {len(self.threads)}, "
                 f"sockets {sum(map(len, self.sockets.values()))} ({ {n: len(s) for n, s in self.sockets.items()} }), "
                 f"CLOSE_WAIT {self.stranded}, left once idle connections expire {sum(self.left_after_close.values())}")
 
@@ -201,13 +203,14 @@ def held(rig: Rig) -> Held:
     peers = rig.peers()
     names = {peer: name for name, peer in peers.items()}
 
-    async def quiet() -> tuple[int, str]:
+    async def quiet() -> tuple[list[str], str]:
         daemon.schedule.pause()
         watcher = daemon.watcher
 
         def busy() -> str:
-            probes, rounds = len(watcher._in_flight), len(watcher._rounds)
-            return f"probes in flight {probes}, canary rounds {rounds}" if probes or rounds else ""
+            # Ticks count too: one between its poll and its rounds (asking /v1/models, say) claims no probe.
+            probes, rounds, ticks = len(watcher._in_flight), len(watcher._rounds), len(watcher._tasks)
+            return f"probes in flight {probes}, canary rounds {rounds}, ticks {ticks}" if probes or rounds or ticks else ""
 
         # A job the scheduler fired just before the pause may not have claimed its probe yet: quiet twice in a row.
         # Every exchange ends by its deadline (Fetcher._exchange), so one still going well after that has leaked.
@@ -221,7 +224,7 @@ def held(rig: Rig) -> Held:
             if asyncio.get_running_loop().time() > deadline:
                 break
         me = asyncio.current_task()
-        tasks = len([t for t in asyncio.all_tasks() if t is not me])
+        tasks = sorted(getattr(t.get_coro(), "__qualname__", repr(t)) for t in asyncio.all_tasks() if t is not me)
         return tasks, busy()
 
     def expired() -> bool:
@@ -393,10 +396,13 @@ def check(rig: Rig, run: Run, *, poll_reasons: set[str], canary_reasons: set[str
         problems.expect(poll_gaps and max(poll_gaps) <= CADENCE_SLACK * POLL_INTERVAL, f"{name} poll gaps {poll_gaps}")
         problems.expect(canary_gaps and max(canary_gaps) <= CADENCE_SLACK * every,
                         f"{name} canary gaps {canary_gaps} (spacing {every:g}s)")
-        cadence[name] = (max(poll_gaps, default=None), max(canary_gaps, default=None), every)
+        longest = max((p.ended - p.started for p in rig.record.between(name, run.counted, run.measured) if p.endpoint),
+                      default=None)
+        cadence[name] = (max(poll_gaps, default=None), max(canary_gaps, default=None), every,
+                         round(longest, 2) if longest is not None else None)
         noise = lines(run, name, "poll_failed", "canary_failed", "poll_skipped", "canary_skipped")
         problems.expect(not noise, f"{name} logged {noise}")
-    run.figures["neighbours (max poll gap, max canary gap, canary spacing)"] = cadence
+    run.figures["neighbours (max poll gap, max canary gap, canary spacing, longest canary)"] = cadence
 
     # One line when the trouble starts, one when it ends, per failing thing (the poll, each endpoint).
     failed = lines(run, target, "poll_failed")
@@ -436,7 +442,7 @@ def check(rig: Rig, run: Run, *, poll_reasons: set[str], canary_reasons: set[str
                     f"sockets left once idle connections expired {before.left_after_close} -> {after.left_after_close}")
     problems.expect(all(len(s) <= specwatch.probe.http.client.CONNECTIONS_PER_SERVER for s in after.sockets.values()),
                     f"sockets {after.sockets}")
-    run.figures.update(held_before=before.report(), held_after=after.report())
+    run.figures.update(held_before=before.report(), held_after=after.report(), machine=rig.favour.report())
     print(f"\n{target}: " + "; ".join(f"{k}: {v}" for k, v in run.figures.items()))
     assert not problems, "\n".join(problems)
 

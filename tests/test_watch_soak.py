@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
 from tests.support.net import stranded_socket_inodes
-from tests.support.process import favoured
+from tests.support.process import Favour, favoured
 
 pytestmark = pytest.mark.slow
 
@@ -93,15 +94,14 @@ def production_logging():
 
 
 @pytest.fixture
-def first_for_a_cpu():
+def first_for_a_cpu() -> Iterator[Favour]:
     """The watcher (on this thread's loop) and the chaos fleet go first: the soak holds them to a cadence."""
-    with favoured():
-        yield
+    with favoured() as favour:
+        yield favour
 
 
 @pytest.mark.real
-@pytest.mark.usefixtures("first_for_a_cpu")
-async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> None:
+async def test_soak_stays_flat_and_on_cadence(capsys, production_logging, first_for_a_cpu: Favour) -> None:
     fleet_process, ports = start_chaos_fleet()
     client = new_client()
     schedule: Schedule | None = None
@@ -185,7 +185,8 @@ async def test_soak_stays_flat_and_on_cadence(capsys, production_logging) -> Non
         f"open sockets {start['sockets']} -> {end['sockets']} ({stranded} in CLOSE_WAIT for 5 s)\n"
         f"  asyncio tasks {start['tasks']} -> {end['tasks']} (peak {peak_tasks}, {after} after the schedule stopped)\n"
         f"  polls per server in the window: min {polls[0]}, max {polls[-1]}; canaries: min {canaries[0]}, max {canaries[-1]}\n"
-        f"  event-loop lag: max {max(lags) * 1000:.0f} ms; poll failures by reason: {dict(reasons.most_common())}"
+        f"  event-loop lag: max {max(lags) * 1000:.0f} ms; poll failures by reason: {dict(reasons.most_common())}\n"
+        f"  machine: {first_for_a_cpu.report()}"
     )
     with capsys.disabled():
         print("\n" + figures)

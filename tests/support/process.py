@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -181,22 +183,60 @@ def run_measured(module: str, args: Sequence[str], *, cwd: Path | str | None = N
     return Measured(result.returncode, result.stdout, seconds, int(marks[-1].split()[1]) * 1024)
 
 
+@dataclass
+class Favour:
+    """What favoured() got: the nice value this thread runs at, and how long it waited for the other rigs."""
+
+    nice: int
+    waited: float
+
+    def report(self) -> str:
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        return f"nice {self.nice}, waited {self.waited:.1f}s for the other rigs, load {load} on {os.cpu_count()} CPUs"
+
+
+_held = 0
+"""How deep this process is in favoured(): a module fixture and a test of it may both ask."""
+_held_lock = threading.Lock()
+_held_file: Any = None
+
+
+def _favour_lock() -> Path:
+    """One file per test run, shared by its workers (pytest-xdist names the run), or per process without them."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    return Path(tempfile.gettempdir()) / f"specwatch-favoured-{run}.lock"
+
+
 @contextlib.contextmanager
-def favoured(nice: int = -10) -> Iterator[None]:
+def favoured(nice: int = -10) -> Iterator[Favour]:
     """This thread, and the threads and processes it starts meanwhile, ahead of the machine's other work for a CPU.
 
     For a rig whose assertions are about time (cadence, timeouts of a healthy server): the suite's other workers and
-    whatever else runs on the machine then cannot starve it into a false failure. Where raising the priority is not
-    allowed, the rig runs as it is.
+    whatever else runs on the machine then cannot starve it into a false failure. Only one rig at a time goes first:
+    two would share the CPUs between them as equals, so one waits (a lock the run's workers share). Where raising the
+    priority is not allowed, the rig runs as it is, and the Favour it gets says so.
     """
+    global _held, _held_file
+    started = time.monotonic()
+    with _held_lock:
+        if _held == 0:
+            _held_file = _favour_lock().open("a")
+            fcntl.flock(_held_file, fcntl.LOCK_EX)  # released by the kernel too, should this worker die holding it
+        _held += 1
+    waited = time.monotonic() - started
     before = os.getpriority(os.PRIO_PROCESS, 0)
     # On Linux the nice value is per thread (0 is this one) and new threads and processes inherit it.
     with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     try:
-        yield
+        yield Favour(os.getpriority(os.PRIO_PROCESS, 0), waited)
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)
+        with _held_lock:
+            _held -= 1
+            if _held == 0:
+                _held_file.close()
+                _held_file = None
 
 
 def check_json(*args: str, timeout: float = HANG) -> tuple[int, dict[str, Any]]:
