@@ -114,10 +114,10 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
 
 def test_check_compares_the_replicas_it_is_given(pool: dict[str, LlamaServer]) -> None:
     code, report = check_json(pool["plain"].url, pool["renamed"].url, pool["other-build"].url, "--tokens", "8",
-                          "--endpoint", "completion")
+                              "--endpoint", "completion")
     assert (code, report["disagreeing"], report["undecided"]) == (0, [], []), report["summary"]
     code, report = check_json(pool["plain"].url, pool["renamed"].url, pool["changed"].url, "--tokens", "8",
-                          "--endpoint", "completion")
+                              "--endpoint", "completion")
     assert code == 1 and report["disagreeing"] == [pool["changed"].url], report["summary"]
     assert report["peers"][pool["changed"].url]["kind"] == "answers"
 

@@ -74,7 +74,9 @@ def test_the_daemon_finds_the_replicas_that_serve_another_model_and_the_gate_ref
     config = tmp_path / "specwatch.yml"
     lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.servers.items()]
     config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 1s\ncanary_interval: 1s\n", encoding="utf-8")
-    with busy(pool.url("wide"), n_predict=48, prompt=lambda rng: "hello world " * 20, timeout=60) as answered, ExporterProcess("--config", str(config)) as exporter:
+    # Three other requests decoding on the wide replica all the time (one prompt, 48 tokens each), as an eval would.
+    traffic = busy(pool.url("wide"), n_predict=48, prompt=lambda rng: "hello world " * 20, timeout=60)
+    with traffic as answered, ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
         metrics = f"{exporter.url()}/metrics"
         seen_wide: list[float | None] = []
@@ -122,11 +124,11 @@ def test_check_compares_the_servers_it_is_given(pool: Pool) -> None:
     assert report["peers"][pool.url("same-name")]["kind"] == "answers"
     # The n-gram replica serves fill-ins (exit 1 for that) and still emits its plain peers' texts.
     code, report = check_json(pool.url("plain"), pool.url("wide"), pool.url("ngram"), "--tokens", "16",
-                          "--endpoint", "completion")
+                              "--endpoint", "completion")
     assert (code, report["verdict"], report["disagreeing"]) == (1, "fill_ins", []), report["summary"]
     assert {entry["agreement"] for entry in report["peers"].values()} == {True}
     code, report = check_json(pool.url("plain"), f"{pool.url('router')}", "--model", ALIAS, "--tokens", "16",
-                          "--endpoint", "completion")
+                              "--endpoint", "completion")
     assert (code, report["disagreeing"]) == (0, []), report["summary"]
     assert set(report["peers"]) == {f"{pool.url('plain')}/{ALIAS}", f"{pool.url('router')}/{ALIAS}"}
     assert {entry["agreement"] for entry in report["peers"].values()} == {True}

@@ -178,7 +178,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
 
 
 @dataclass
-class Held:
+class Holdings:
     """What the exporter holds at a quiet moment: no probe in flight."""
 
     tasks: list[str]
@@ -196,7 +196,7 @@ class Held:
                 f"CLOSE_WAIT {self.stranded}, left once idle connections expire {sum(self.left_after_close.values())}")
 
 
-def held(rig: Rig) -> Held:
+def held(rig: Rig) -> Holdings:
     """Pause the schedule, let every probe end, count, wait for the idle connections to expire, count again."""
     daemon = rig.daemon.daemon
     assert daemon is not None
@@ -249,7 +249,7 @@ def held(rig: Rig) -> Held:
             left = {names[peer]: len(states) for peer, states in connections(set(peers.values())).items()}
         finally:
             rig.daemon.call(resume)
-    return Held(tasks, threads, sockets, stranded, left, busy)
+    return Holdings(tasks, threads, sockets, stranded, left, busy)
 
 
 @dataclass
@@ -269,8 +269,8 @@ class Run:
     before: Samples = field(default_factory=dict)
     after: Samples = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
-    held_before: Held | None = None
-    held_after: Held | None = None
+    held_before: Holdings | None = None
+    held_after: Holdings | None = None
     figures: dict[str, Any] = field(default_factory=dict)
 
 

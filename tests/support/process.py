@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tests.support.net import HOST
 from tests.support.waiting import wait_until
@@ -195,10 +195,11 @@ class Favour:
         return f"nice {self.nice}, waited {self.waited:.1f}s for the other rigs, load {load} on {os.cpu_count()} CPUs"
 
 
-_held = 0
+_depth = 0
 """How deep this process is in favoured(): a module fixture and a test of it may both ask."""
-_held_lock = threading.Lock()
-_held_file: Any = None
+_depth_lock = threading.Lock()
+_lock_file: IO[str] | None = None
+"""Open, and locked, while _depth > 0."""
 
 
 def _favour_lock() -> Path:
@@ -216,13 +217,13 @@ def favoured(nice: int = -10) -> Iterator[Favour]:
     two would share the CPUs between them as equals, so one waits (a lock the run's workers share). Where raising the
     priority is not allowed, the rig runs as it is, and the Favour it gets says so.
     """
-    global _held, _held_file
+    global _depth, _lock_file
     started = time.monotonic()
-    with _held_lock:
-        if _held == 0:
-            _held_file = _favour_lock().open("a")
-            fcntl.flock(_held_file, fcntl.LOCK_EX)  # released by the kernel too, should this worker die holding it
-        _held += 1
+    with _depth_lock:
+        if _depth == 0:
+            _lock_file = _favour_lock().open("a")
+            fcntl.flock(_lock_file, fcntl.LOCK_EX)  # released by the kernel too, should this worker die holding it
+        _depth += 1
     waited = time.monotonic() - started
     before = os.getpriority(os.PRIO_PROCESS, 0)
     # On Linux the nice value is per thread (0 is this one) and new threads and processes inherit it.
@@ -232,11 +233,11 @@ def favoured(nice: int = -10) -> Iterator[Favour]:
         yield Favour(os.getpriority(os.PRIO_PROCESS, 0), waited)
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)
-        with _held_lock:
-            _held -= 1
-            if _held == 0:
-                _held_file.close()
-                _held_file = None
+        with _depth_lock:
+            _depth -= 1
+            if _depth == 0 and _lock_file is not None:
+                _lock_file.close()
+                _lock_file = None
 
 
 def check_json(*args: str, timeout: float = HANG) -> tuple[int, dict[str, Any]]:
