@@ -147,6 +147,11 @@ class LlamaServer:
         ]
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id (and its process group's and session's), while it runs."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -242,10 +242,9 @@ class Frozen:
     """SIGSTOP and SIGCONT for a server's process group; on exit it is always continued, whatever happened."""
 
     def __init__(self, server: LlamaServer) -> None:
-        proc = server._proc
-        if proc is None:
+        if server.pid is None:
             raise AssertionError(f"{server!r} is not running")
-        self.group = proc.pid
+        self.group = server.pid
 
     def stop(self) -> None:
         os.killpg(self.group, signal.SIGSTOP)
