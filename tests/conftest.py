@@ -23,7 +23,7 @@ from tests.support.wire import FakeLlama
 
 # Most real tests wait on what they started (servers, daemons, intervals going by), not on a CPU: three per CPU halve
 # the suite against one. A test that times real work holds on a starved worker: it asserts an order or a count, or
-# its rig goes first for a CPU (tests/support/process.favoured); speed itself is measured by bench/, not by tests.
+# its rig goes first for a CPU (tests/support/favour.favoured); speed itself is measured by bench/, not by tests.
 WORKERS_PER_CPU = 3
 
 

@@ -16,9 +16,10 @@ import pytest
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
+from tests.support.favour import favoured
 from tests.support.metrics import find, scrape
 from tests.support.net import free_port
-from tests.support.process import ExporterProcess, check_json, favoured
+from tests.support.process import ExporterProcess, check_json
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.real

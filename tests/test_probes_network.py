@@ -24,6 +24,7 @@ from specwatch.daemon.cadence import spacing
 from specwatch.daemon.exposition.text import PREPARED_FOR
 from specwatch.demo.llamaserver import LlamaServer, server_args
 from specwatch.demo.tinymodel import write_cycle_model
+from tests.support.favour import Favour, favoured
 from tests.support.metrics import Samples, value
 from tests.support.net import free_port, stranded_sockets
 from tests.support.netfault import (
@@ -38,7 +39,6 @@ from tests.support.netfault import (
     StreamTap,
     connections,
 )
-from tests.support.process import Favour, favoured
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""The rigs that go first for a CPU: one at a time across the run's workers, and nested use within one never blocks."""
+"""The rigs that go first for a CPU: ahead of other sessions, one at a time across the run's workers, never blocked by themselves."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.process import favoured
+from tests.support.favour import CPU_HIERARCHY, GROUP_PREFIX, favoured
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
 HOLDER = """
 import sys, time
-from tests.support.process import favoured
+from tests.support.favour import favoured
 with favoured():
     print("held", flush=True)
     time.sleep(float(sys.argv[1]))
@@ -64,3 +64,50 @@ def test_another_run_is_not_held_up(monkeypatch: pytest.MonkeyPatch, tmp_path) -
     finally:
         other.kill()
         other.wait()
+
+
+BURNER = """
+import os, time
+end = time.monotonic() + float(os.environ["BURN_SECONDS"])
+while time.monotonic() < end:
+    pass
+used = os.times()
+print(used.user + used.system, flush=True)
+"""
+
+
+def burner(cpu: int) -> subprocess.Popen[str]:
+    """A CPU burner on one CPU, in a session of its own as the rigs' llama-servers are; it prints the CPU it got."""
+    return subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", BURNER], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "BURN_SECONDS": "1.5"})
+
+
+def cpu_group(pid: int | str = "thread-self") -> str:
+    """The cgroup v1 cpu group a process (or this thread) runs in."""
+    return next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if "cpu" in line.split(":")[1].split(","))
+
+
+@pytest.mark.real
+def test_a_server_in_a_session_of_its_own_goes_first(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"groups-{tmp_path.name}")
+    cpu, home = min(os.sched_getaffinity(0)), cpu_group()
+    other, first = burner(cpu), None
+    try:
+        with favoured() as favour:
+            assert favour.group == f"{GROUP_PREFIX}groups-{tmp_path.name}", favour.report()
+            assert cpu_group() == f"/{favour.group}"
+            first = burner(cpu)
+            assert cpu_group(first.pid) == f"/{favour.group}", "a server in a session of its own stays in the rig's group"
+        got, theirs = float(first.communicate(timeout=20)[0]), float(other.communicate(timeout=20)[0])
+        # As equals (a nice value does not reach across sessions) the two would get 0.7 s each; in the group, 5 to 1.
+        assert got > 2 * theirs, f"the rig's server got {got:.2f}s of CPU, the other session {theirs:.2f}s"
+        assert cpu_group() == home, "the thread is back where it was"
+        with favoured():  # the group outlived the rig while its server ran; the run's next rig clears it
+            pass
+        assert favour.group is not None and not (CPU_HIERARCHY / favour.group).exists()
+    finally:
+        for process in (other, first):
+            if process is not None:
+                process.kill()
+                process.wait()

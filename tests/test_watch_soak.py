@@ -27,8 +27,8 @@ from specwatch.probe.http.client import new_client
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.reasons import Reason
 from specwatch.settings.schema import Settings
+from tests.support.favour import Favour, favoured
 from tests.support.net import stranded_socket_inodes
-from tests.support.process import Favour, favoured
 
 pytestmark = pytest.mark.slow
 

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from tests.support.net import HOST
 from tests.support.waiting import wait_until
@@ -181,63 +179,6 @@ def run_measured(module: str, args: Sequence[str], *, cwd: Path | str | None = N
     if not marks:
         raise RuntimeError(f"python -m {module} reported no peak RSS: {result.stderr[-2000:]!r}")
     return Measured(result.returncode, result.stdout, seconds, int(marks[-1].split()[1]) * 1024)
-
-
-@dataclass
-class Favour:
-    """What favoured() got: the nice value this thread runs at, and how long it waited for the other rigs."""
-
-    nice: int
-    waited: float
-
-    def report(self) -> str:
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        return f"nice {self.nice}, waited {self.waited:.1f}s for the other rigs, load {load} on {os.cpu_count()} CPUs"
-
-
-_depth = 0
-"""How deep this process is in favoured(): a module fixture and a test of it may both ask."""
-_depth_lock = threading.Lock()
-_lock_file: IO[str] | None = None
-"""Open, and locked, while _depth > 0."""
-
-
-def _favour_lock() -> Path:
-    """One file per test run, shared by its workers (pytest-xdist names the run), or per process without them."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
-    return Path(tempfile.gettempdir()) / f"specwatch-favoured-{run}.lock"
-
-
-@contextlib.contextmanager
-def favoured(nice: int = -10) -> Iterator[Favour]:
-    """This thread, and the threads and processes it starts meanwhile, ahead of the machine's other work for a CPU.
-
-    For a rig whose assertions are about time (cadence, timeouts of a healthy server): the suite's other workers and
-    whatever else runs on the machine then cannot starve it into a false failure. Only one rig at a time goes first:
-    two would share the CPUs between them as equals, so one waits (a lock the run's workers share). Where raising the
-    priority is not allowed, the rig runs as it is, and the Favour it gets says so.
-    """
-    global _depth, _lock_file
-    started = time.monotonic()
-    with _depth_lock:
-        if _depth == 0:
-            _lock_file = _favour_lock().open("a")
-            fcntl.flock(_lock_file, fcntl.LOCK_EX)  # released by the kernel too, should this worker die holding it
-        _depth += 1
-    waited = time.monotonic() - started
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    # On Linux the nice value is per thread (0 is this one) and new threads and processes inherit it.
-    with contextlib.suppress(PermissionError):
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    try:
-        yield Favour(os.getpriority(os.PRIO_PROCESS, 0), waited)
-    finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)
-        with _depth_lock:
-            _depth -= 1
-            if _depth == 0 and _lock_file is not None:
-                _lock_file.close()
-                _lock_file = None
 
 
 def check_json(*args: str, timeout: float = HANG) -> tuple[int, dict[str, Any]]:
