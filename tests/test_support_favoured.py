@@ -30,6 +30,7 @@ def test_nested_favour_in_one_worker_does_not_wait_for_itself(monkeypatch: pytes
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"nested-{tmp_path.name}")
     with favoured() as outer, favoured() as inner:
         assert outer.waited < 1 and inner.waited < 1
+        assert inner.group == outer.group and cpu_group().count(GROUP_PREFIX) == (outer.group is not None)
         assert "waited" in inner.report() and "CPUs" in inner.report()
 
 
@@ -96,16 +97,17 @@ def test_a_server_in_a_session_of_its_own_goes_first(monkeypatch: pytest.MonkeyP
     try:
         with favoured() as favour:
             assert favour.group == f"{GROUP_PREFIX}groups-{tmp_path.name}", favour.report()
-            assert cpu_group() == f"/{favour.group}"
+            inside = f"{home.rstrip('/')}/{favour.group}"
+            assert cpu_group() == inside, "the group is made under the one the thread ran in"
             first = burner(cpu)
-            assert cpu_group(first.pid) == f"/{favour.group}", "a server in a session of its own stays in the rig's group"
+            assert cpu_group(first.pid) == inside, "a server in a session of its own stays in the rig's group"
         got, theirs = float(first.communicate(timeout=20)[0]), float(other.communicate(timeout=20)[0])
         # As equals (a nice value does not reach across sessions) the two would get 0.7 s each; in the group, 5 to 1.
         assert got > 2 * theirs, f"the rig's server got {got:.2f}s of CPU, the other session {theirs:.2f}s"
         assert cpu_group() == home, "the thread is back where it was"
         with favoured():  # the group outlived the rig while its server ran; the run's next rig clears it
             pass
-        assert favour.group is not None and not (CPU_HIERARCHY / favour.group).exists()
+        assert not (CPU_HIERARCHY / inside.lstrip("/")).exists()
     finally:
         for process in (other, first):
             if process is not None:

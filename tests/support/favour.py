@@ -58,13 +58,17 @@ def _cpu_group_of_this_thread() -> Path:
 
 def _join_group() -> tuple[Path | None, Path | None, str]:
     """Move this thread into the run's CPU group: (the group, the one it left, why not)."""
-    group = CPU_HIERARCHY / f"{GROUP_PREFIX}{_run()}"
-    for stale in CPU_HIERARCHY.glob(f"{GROUP_PREFIX}*"):
-        if stale != group:
-            with contextlib.suppress(OSError):  # busy: another run's, in use
-                stale.rmdir()
+    name = f"{GROUP_PREFIX}{_run()}"
     try:
         left = _cpu_group_of_this_thread()
+        if left.name == name:  # favoured() within favoured(): already there
+            return left, left, ""
+        # Under the group it runs in, not at the top: a job confined to a cgroup stays inside its limits.
+        group = left / name
+        for stale in left.glob(f"{GROUP_PREFIX}*"):
+            if stale != group:
+                with contextlib.suppress(OSError):  # busy: another run's, in use
+                    stale.rmdir()
         for attempt in (1, 2):
             group.mkdir(exist_ok=True)
             try:
@@ -107,7 +111,7 @@ def favoured(nice: int = -10) -> Iterator[Favour]:
     try:
         yield Favour(group.name if group else None, refused, os.getpriority(os.PRIO_PROCESS, 0), waited)
     finally:
-        if left is not None:
+        if left is not None and left != group:
             (left / "tasks").write_text(str(threading.get_native_id()))
         os.setpriority(os.PRIO_PROCESS, 0, before)
         with _depth_lock:
