@@ -144,6 +144,22 @@ def daemon(startup_timeout: float = 90) -> Iterator[Docker]:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+                # dockerd leaves the bind mount of its network namespace (exec root/netns/default) when it stops: the
+                # cache could not be deleted ("Device or resource busy") and each run added one more.
+                for point in reversed(mounts_under(run / "exec")):
+                    subprocess.run(["umount", point], capture_output=True, check=False)
+                left = mounts_under(run / "exec")
+                assert not left, f"still mounted after dockerd stopped: {left}"
+
+
+def mounts_under(root: Path) -> list[str]:
+    """The mount points at or under `root`, in the order they were mounted."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == str(root) or point.startswith(f"{root}/"):
+            found.append(point)
+    return found
 
 
 def base_image(docker: Docker) -> str:
