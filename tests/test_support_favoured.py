@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.favour import CPU_HIERARCHY, GROUP_PREFIX, favoured
+from tests.support.favour import CPU_HIERARCHY, GROUP_PREFIX, cpu_group, favoured
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,12 +81,6 @@ def burner(cpu: int) -> subprocess.Popen[str]:
     """A CPU burner on one CPU, in a session of its own as the rigs' llama-servers are; it prints the CPU it got."""
     return subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", BURNER], stdout=subprocess.PIPE,
                             text=True, start_new_session=True, env={**os.environ, "BURN_SECONDS": "1.5"})
-
-
-def cpu_group(pid: int | str = "thread-self") -> str:
-    """The cgroup v1 cpu group a process (or this thread) runs in."""
-    return next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-                if "cpu" in line.split(":")[1].split(","))
 
 
 @pytest.mark.real

@@ -48,11 +48,12 @@ def _run() -> str:
     return os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
 
 
-def _cpu_group_of_this_thread() -> Path:
-    for line in Path("/proc/thread-self/cgroup").read_text().splitlines():
+def cpu_group(pid: int | str = "thread-self") -> str:
+    """The cgroup v1 cpu group a process (or this thread) runs in, as a path from the hierarchy's top."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "cpu" in controllers.split(","):
-            return CPU_HIERARCHY / path.lstrip("/")
+            return path
     raise FileNotFoundError("no cgroup v1 cpu controller")
 
 
@@ -60,24 +61,19 @@ def _join_group() -> tuple[Path | None, Path | None, str]:
     """Move this thread into the run's CPU group: (the group, the one it left, why not)."""
     name = f"{GROUP_PREFIX}{_run()}"
     try:
-        left = _cpu_group_of_this_thread()
+        left = CPU_HIERARCHY / cpu_group().lstrip("/")
         if left.name == name:  # favoured() within favoured(): already there
             return left, left, ""
         # Under the group it runs in, not at the top: a job confined to a cgroup stays inside its limits.
         group = left / name
         for stale in left.glob(f"{GROUP_PREFIX}*"):
             if stale != group:
-                with contextlib.suppress(OSError):  # busy: another run's, in use
+                # Busy: another run's, in use. Swept between another run's mkdir and its join, that rig gets nice only.
+                with contextlib.suppress(OSError):
                     stale.rmdir()
-        for attempt in (1, 2):
-            group.mkdir(exist_ok=True)
-            try:
-                (group / "cpu.shares").write_text(str(SHARES))
-                (group / "tasks").write_text(str(threading.get_native_id()))
-                break
-            except FileNotFoundError:  # another run swept it away as stale between the two steps
-                if attempt == 2:
-                    raise
+        group.mkdir(exist_ok=True)
+        (group / "cpu.shares").write_text(str(SHARES))
+        (group / "tasks").write_text(str(threading.get_native_id()))
     except OSError as err:
         return None, None, str(err)
     return group, left, ""
