@@ -11,6 +11,7 @@ from specwatch.endpoints import Endpoint
 from specwatch.probe.canary import TABLE, classify, judge
 from specwatch.probe.readers import Reading, Token
 from specwatch.reasons import ProbeFailure, Reason
+from tests.support import builds
 from tests.support.wire import FakeLlama
 
 
@@ -242,8 +243,9 @@ def cycle_model(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.real
 @pytest.mark.parametrize("kind", list(SPECULATION))
-async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_model) -> None:
-    """Build 11434, fresh server per kind, every endpoint in the canary's order at the speculating size (32 tokens)."""
+@builds.each
+async def test_every_endpoint_on_a_real_server_of_each_kind(build: str, kind: str, cycle_model) -> None:
+    """Each build, fresh server per kind, every endpoint in the canary's order at the speculating size (32 tokens)."""
     from specwatch.demo.llamaserver import LlamaServer
     from specwatch.probe import probes
     from specwatch.probe.http.client import new_client
@@ -251,7 +253,7 @@ async def test_every_endpoint_on_a_real_server_of_each_kind(kind: str, cycle_mod
     from specwatch.settings.targets import ServerConfig
 
     args = [a.replace("{model}", str(cycle_model)) for a in SPECULATION[kind]]
-    with LlamaServer(cycle_model, args) as server:
+    with LlamaServer(cycle_model, args, build=builds.get(build)) as server:
         target = ServerConfig(name=kind, url=server.url)
         async with new_client() as client:
             fetcher = Fetcher(client, 1 << 22)
