@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import builds
 from tests.support.loopback import FaultServer
 from tests.support.wire import FakeLlama, FakeRouter, Request
 
@@ -314,13 +315,16 @@ def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("draft", lambda: FakeLlama.draft(tokens=None), []),
     ("plain", lambda: FakeLlama.plain(tokens=None, slots_enabled=False), ["--no-slots"]),
     ("plain", lambda: FakeLlama.plain(tokens=None, api_key="contract-key"), ["--api-key", "contract-key"]),
-])
-def test_the_wire_model_answers_every_request_specwatch_sends_as_the_real_server_does(contract_model, kind, fake, extra) -> None:
+], ids=["plain", "draft", "no-slots", "api-key"])
+@builds.each
+def test_the_wire_model_answers_every_request_specwatch_sends_as_the_real_server_does(contract_model, build, kind, fake,
+                                                                                      extra) -> None:
+    """On each build: the fake models what both answer, so a shape one build changes fails here under its name."""
     from specwatch.demo.llamaserver import LlamaServer
     from specwatch.probe.canary import TABLE
 
     # A connection per request: what is compared is each answer, not llama-server's keep-alive race.
-    with LlamaServer.of_kind(kind, contract_model, extra) as server, \
+    with LlamaServer.of_kind(kind, contract_model, extra, build=builds.get(build)) as server, \
             httpx.Client(base_url=server.url, timeout=60, headers={"Connection": "close"}) as real, \
             httpx.Client(transport=httpx.MockTransport(fake()), base_url="http://fake") as fakes:
         for path in ("/health", "/props", "/v1/models", "/models", "/nothing-here"):
