@@ -26,7 +26,8 @@ from .gate.options import (
 from .probe.canary import CHAT_PROOF, PROMPT_PROOF
 from .problems import ConfigError
 from .settings.loading import load_settings
-from .settings.schema import DEFAULT_SERVER_URL, parse_shard
+from .settings.schema import DEFAULT_SERVER_URLS, DEFAULT_SERVERS, DEFAULT_SERVERS_SAID, parse_shard
+from .settings.targets import LLAMA_SERVER_PORT, LLAMA_SERVER_PORT_BEFORE, PORT_CHANGED_IN_BUILD
 from .version import __version__
 
 EX_CONFIG = 2
@@ -34,16 +35,22 @@ EX_CONFIG = 2
 EX_USAGE = 64
 """Every command: the command line itself is wrong (sysexits' EX_USAGE; `check` uses 1 and 2 for verdicts)."""
 
+_PORT, _FROM, _BEFORE = LLAMA_SERVER_PORT, PORT_CHANGED_IN_BUILD, LLAMA_SERVER_PORT_BEFORE
+"""llama-server's default port from build _FROM, and before it, as the help texts below say them."""
+
 EPILOG_MAIN = """\
 exit status: 64 for a command-line usage error, whatever the command; see each command's --help for the rest.
 """
 
 EPILOG_RUN = f"""\
-With no config at all (no --config, no $SPECWATCH_CONFIG_FILE, no SPECWATCH_SERVERS), specwatch
-watches {DEFAULT_SERVER_URL} (llama-server's default address) and logs a warning saying so. A config
-file that lists no servers is refused, at start and on reload.
+With no config at all (no --config, no $SPECWATCH_CONFIG_FILE, no SPECWATCH_SERVERS), specwatch watches
+{" and ".join(f"{url} ({name})" for name, url in DEFAULT_SERVERS)}, where a llama-server
+started without --port listens: on {_PORT} from build {_FROM}, on {_BEFORE} before (the one nobody listens on stays
+unchecked); it logs a warning saying so. A config file that lists no servers is refused, at start and on reload.
+A server's URL gives its port (its --port, else its build's default); an http:// URL without one is refused,
+and an https:// one without one means 443 (a TLS front end).
 Every key can be overridden from the environment, which wins over the file: SPECWATCH_POLL_INTERVAL=30s,
-SPECWATCH_SERVERS='[{{"name":"a","url":"http://10.0.0.5:8080"}}]'. A SPECWATCH_* variable that sets
+SPECWATCH_SERVERS='[{{"name":"a","url":"http://10.0.0.5:{_PORT}"}}]'. A SPECWATCH_* variable that sets
 nothing (a misspelling) is warned about. --config /dev/stdin reads the config from a pipe.
 Reload the config with SIGHUP or POST /-/reload; a bad config is refused and the old one runs on.
 API key files are read again whenever they change: a rotated key needs no reload.
@@ -54,7 +61,7 @@ and /-/ready answer without them (they reveal nothing), so liveness and readines
 Example config:
   servers:
     - name: eval-a                     # the `server` label; unique
-      url: http://10.0.0.5:8080
+      url: http://10.0.0.5:{_PORT}        # its port: llama-server's default from build {_FROM}; {_BEFORE} before
       labels: {{pool: eval}}             # optional static labels on every series
       api_key_file: /run/secrets/key   # optional; or api_key_env: LLAMA_KEY
       model: qwen3-8b                  # optional: router-mode servers
@@ -85,10 +92,13 @@ exit status:
   2  could not check: unreachable, unauthorised, no logprobs in the answer, ...; with
      --exporter also: the exporter cannot be asked, nothing matches the selection, or a
      selected verdict is stale (not confirmed by a canary within its bound)
-  64 command-line usage error: unknown option, a URL that is not a server's root URL,
-     an API key file that cannot be read, ... (nothing was checked)
+  64 command-line usage error: unknown option, a URL that is not a server's root URL
+     (or an http:// one without a port), an API key file that cannot be read, ... (nothing
+     was checked)
 
-Run it before scoring an eval:  specwatch check http://127.0.0.1:8080 && python score.py
+URL is the server's root with its port: llama-server listens on {_PORT} from build {_FROM} and on
+{_BEFORE} before, unless started with --port (https:// without a port means 443, a TLS front end).
+Run it before scoring an eval:  specwatch check http://127.0.0.1:{_PORT} && python score.py
 Behind a load balancer, ask the daemon that watches every replica instead of canarying
 whichever replica answers:      specwatch check --exporter http://specwatch:9824 --label pool=eval
 """
@@ -119,8 +129,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 DEFAULT_TARGET_NOTE = (
-    f"no config given (--config, $SPECWATCH_CONFIG_FILE or SPECWATCH_SERVERS): watching {DEFAULT_SERVER_URL} only; "
-    "list your fleet in a YAML file and run specwatch run --config FILE (see specwatch run --help)"
+    f"no config given (--config, $SPECWATCH_CONFIG_FILE or SPECWATCH_SERVERS): watching {DEFAULT_SERVERS_SAID} (the "
+    "one no llama-server listens on stays unchecked); list your fleet in a YAML file and run specwatch run --config FILE "
+    "(see specwatch run --help)"
 )
 
 
@@ -153,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--config", "-c", type=Path, metavar="FILE", default=os.environ.get("SPECWATCH_CONFIG_FILE") or None,
-        help="YAML config file (default: $SPECWATCH_CONFIG_FILE, else one server at the default address)",
+        help="YAML config file (default: $SPECWATCH_CONFIG_FILE, else llama-server's default address of either build: "
+        f"127.0.0.1:{_PORT} from build {_FROM}, 127.0.0.1:{_BEFORE} before)",
     )
     run.add_argument(
         "--listen", metavar="HOST:PORT", default=f":{DEFAULT_PORT}", help=f"address for /metrics (default :{DEFAULT_PORT})"
@@ -182,7 +194,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("urls", nargs="*", metavar="URL",
-                       help="the llama-server base URL, e.g. http://127.0.0.1:8080 (or use --exporter); several are "
+                       help=f"the llama-server base URL with its port, e.g. http://127.0.0.1:{_PORT} (its default port from "
+                            f"build {_FROM}; {_BEFORE} before), or use --exporter; several are "
                             "checked each, and compared with each other as replicas of one pool")
     for option in OPTIONS:
         if option.mode is not Mode.EXPORTER:
@@ -305,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
     for warning in settings.warnings:
         log.warning("config_warning", warning=warning)
     if settings.default_target:
-        log.warning("watching_default_target", url=DEFAULT_SERVER_URL, hint=DEFAULT_TARGET_NOTE)
+        log.warning("watching_default_target", urls=list(DEFAULT_SERVER_URLS), hint=DEFAULT_TARGET_NOTE)
     daemon = Daemon(args.config, settings, shard=args.shard)
     web = daemon.web_app(web_security.authorise if web_security else None)
     if web_security is not None:

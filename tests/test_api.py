@@ -94,6 +94,8 @@ REFUSALS = [
     ("check", "127.0.0.1:8080", {}, [], "url: '127.0.0.1:8080' has no scheme: add http://"),
     ("check", "http://127.0.0.1:8080/v1", {}, [], "url: 'http://127.0.0.1:8080/v1' ends in /v1: give the server's root"),
     ("check", "http://h:8080?key=sk-1", {}, [], "url: 'http://h' must not carry a query or fragment"),
+    ("check", "http://127.0.0.1", {}, [], "url: 'http://127.0.0.1' gives no port: llama-server listens on 9931 from build "
+     "11521 and on 8080 before; give the port, e.g. 'http://127.0.0.1:9931' (an explicit ':80' for a front end on port 80)"),
     ("check", "http://h:8080", {"tokens": 3}, ["--tokens", "3"], "tokens: '3' is not a whole number from 4 to 512"),
     ("check", "http://h:8080", {"tokens": 513}, ["--tokens", "513"], "tokens: '513' is not a whole number from 4 to 512"),
     ("check", "http://h:8080", {"timeout": "soon"}, ["--timeout", "soon"], "timeout: 'soon' is not a duration"),

@@ -33,6 +33,26 @@ def test_run_help_teaches_the_config(capsys: pytest.CaptureFixture[str]) -> None
     assert "/metrics, /, /sd, /api/v1/verdicts and /-/reload need the configured credentials" in " ".join(out.split())
 
 
+def test_help_says_where_llama_server_listens_on_each_build(capsys: pytest.CaptureFixture[str]) -> None:
+    """9931 from build 11521 (upstream PR 26508), 8080 before: each help that shows a server's URL says both."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    run = " ".join(capsys.readouterr().out.split())
+    assert ("watches http://127.0.0.1:9931 (local-9931) and http://127.0.0.1:8080 (local-8080), where a llama-server "
+            "started without --port listens: on 9931 from build 11521, on 8080 before") in run
+    assert "url: http://10.0.0.5:9931 # its port: llama-server's default from build 11521; 8080 before" in run
+    assert "an http:// URL without one is refused, and an https:// one without one means 443 (a TLS front end)" in run
+    assert "(default: $SPECWATCH_CONFIG_FILE, else llama-server's default address of either build: 127.0.0.1:9931 " \
+           "from build 11521, 127.0.0.1:8080 before)" in run
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    check = " ".join(capsys.readouterr().out.split())
+    assert "e.g. http://127.0.0.1:9931 (its default port from build 11521; 8080 before)" in check
+    assert "llama-server listens on 9931 from build 11521 and on 8080 before, unless started with --port" in check
+    assert "specwatch check http://127.0.0.1:9931 && python score.py" in check
+    assert "8080 " not in run.replace("8080 before", "").replace("8080 (local-8080)", "")
+
+
 def test_check_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["check", "--help"])
@@ -74,7 +94,24 @@ def test_check_config_refuses_a_bad_config_listing_every_problem(tmp_path: Path)
     config.write_text("servers:\n  - {name: a, url: 'gopher://h'}\n  - {name: a, url: 'http://h'}\nfoo: 1\n")
     result = _run("run", "--config", str(config), "--check-config")
     assert result.returncode == 2
-    assert "(3 problems)" in result.stderr and "gopher://h" in result.stderr and "foo: unknown key" in result.stderr
+    assert "(4 problems)" in result.stderr and "gopher://h" in result.stderr and "foo: unknown key" in result.stderr
+    assert "servers[1] (a).url: 'http://h' gives no port" in result.stderr
+
+
+PORTLESS = ("'http://10.0.0.5' gives no port: llama-server listens on 9931 from build 11521 and on 8080 before; give the "
+            "port, e.g. 'http://10.0.0.5:9931' (an explicit ':80' for a front end on port 80)")
+
+
+@pytest.mark.parametrize("check_config", [True, False])
+def test_a_server_given_as_a_host_alone_is_refused_as_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                     check_config: bool) -> None:
+    """Never port 80 unseen: `run` refuses it as it refuses any bad config (exit 2), before it watches anything."""
+    config = tmp_path / "c.yml"
+    config.write_text("servers:\n  - {name: eval-a, url: 'http://10.0.0.5'}\n  - {name: eval-b, url: 'http://10.0.0.6:9931'}\n")
+    assert main(["run", "--config", str(config), *(["--check-config"] if check_config else [])]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"specwatch: invalid config file {str(config)!r} (1 problem):\n  - servers[0] (eval-a).url: {PORTLESS}\n"
 
 
 @pytest.mark.real
@@ -159,6 +196,10 @@ def test_usage_errors_exit_64_never_2(args: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (("check", "127.0.0.1:8080"), "'127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
     (("check", "http://127.0.0.1:8080/v1"), "'http://127.0.0.1:8080/v1' ends in /v1: give the server's root (http://127.0.0.1:8080)"),
+    (("check", "http://127.0.0.1"), "url: 'http://127.0.0.1' gives no port: llama-server listens on 9931 from build 11521 "
+     "and on 8080 before; give the port, e.g. 'http://127.0.0.1:9931' (an explicit ':80' for a front end on port 80)"),
+    (("check", "http://10.0.0.5:9931", "http://10.0.0.5"), f"url: {PORTLESS}"),
+    (("check", "127.0.0.1"), "'127.0.0.1' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:9931'"),
     (("check", "http://h:1", "--api-key-file", "/nonexistent/key"),
      "api_key_file '/nonexistent/key' cannot be read: No such file or directory"),
     (("check", "http://h:1", "--api-key-env", "SPECWATCH_TEST_UNSET_KEY"),
@@ -226,9 +267,15 @@ def test_no_config_at_all_watches_the_default_target_and_says_so() -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SPECWATCH_")}
     result = _run("run", "--check-config", env=env)
     assert result.returncode == 0
-    assert "  local: http://127.0.0.1:8080 (no api key)" in result.stdout
+    assert result.stdout.splitlines() == [
+        "config OK: 2 server(s) to watch, poll every 15s, canary every 60s",
+        "  local-9931: http://127.0.0.1:9931 (no api key)",
+        "  local-8080: http://127.0.0.1:8080 (no api key)",
+    ]
     assert "specwatch: note: no config given (--config, $SPECWATCH_CONFIG_FILE or SPECWATCH_SERVERS): watching " \
-           "http://127.0.0.1:8080 only" in result.stderr
+           "http://127.0.0.1:9931 and http://127.0.0.1:8080: started without --port, llama-server listens on 9931 from " \
+           "build 11521 and on 8080 before (the one no llama-server listens on stays unchecked); list your fleet" \
+           in result.stderr
 
 
 @pytest.mark.real

@@ -45,6 +45,10 @@ BAD_GROUPS = [
     ([{"targets": ["http://a:1"]}],
      "[0].targets: 'http':// in a target: a target is HOST:PORT, as in Prometheus; set the source's scheme: https for TLS"),
     ([{"targets": ["a$b:1"]}], "[0] target 'a$b:1': url: 'http://a$b': 'a$b' is not a host name or address"),
+    # A host alone: Prometheus would scrape port 80; specwatch never assumes it (llama-server listens on 9931 or 8080).
+    ([{"targets": ["a:1", "llama-b"]}],
+     "[0] target 'llama-b': url: 'http://llama-b' gives no port: llama-server listens on 9931 from build 11521 and on "
+     "8080 before; give the port, e.g. 'http://llama-b:9931' (an explicit ':80' for a front end on port 80)"),
 ]
 
 
@@ -136,6 +140,46 @@ async def test_file_sd_adds_changes_removes_and_keeps_the_old_targets_of_a_broke
         await discovery.close()
 
 
+async def test_a_file_sd_target_without_a_port_is_named_and_every_other_target_is_kept(tmp_path: Path) -> None:
+    """A host alone refuses its file (as any bad target does), saying which target and why; that file keeps the targets
+    it had, and the other files and sources theirs."""
+    discovery = Discovery()
+    discovery.configure(Settings(file_sd_configs=[{"files": [str(tmp_path / "*.json")]}, {"files": [str(tmp_path / "*.yml")]}]))
+    first, second, third = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.yml"
+    first.write_text(json.dumps([{"targets": ["10.0.0.1:9931"]}]))
+    second.write_text(json.dumps([{"targets": ["10.0.0.2:8080"]}]))
+    third.write_text("- targets: ['10.0.0.3:9931']\n")
+    try:
+        assert await discovery.refresh_all()
+        assert [s.name for s in discovery.servers()] == ["10.0.0.1:9931", "10.0.0.2:8080", "10.0.0.3:9931"]
+
+        first.write_text(json.dumps([{"targets": ["10.0.0.1:9931", "10.0.0.4"]}]))
+        with structlog.testing.capture_logs() as logged:
+            assert not await discovery.refresh_all()
+        [refused] = [e for e in logged if e["event"] == "discovery_refused"]
+        assert (refused["file"], refused["kept_targets"]) == (str(first), 1)
+        assert refused["error"] == (
+            f"invalid file_sd[0] file {str(first)!r} (1 problem):\n  - [0] target '10.0.0.4': url: 'http://10.0.0.4' gives "
+            "no port: llama-server listens on 9931 from build 11521 and on 8080 before; give the port, e.g. "
+            "'http://10.0.0.4:9931' (an explicit ':80' for a front end on port 80)")
+        assert [s.name for s in discovery.servers()] == ["10.0.0.1:9931", "10.0.0.2:8080", "10.0.0.3:9931"]
+        assert [(s.source, s.targets, s.ok) for s in discovery.status()] == [("file_sd[0]", 2, False), ("file_sd[1]", 1, True)]
+
+        first.write_text(json.dumps([{"targets": ["10.0.0.1:9931", "10.0.0.4:80"]}]))  # an explicit :80 is taken
+        assert await discovery.refresh_all()
+        assert [s.url for s in discovery.servers()] == [
+            "http://10.0.0.1:9931", "http://10.0.0.4:80", "http://10.0.0.2:8080", "http://10.0.0.3:9931"]
+        assert all(s.ok for s in discovery.status())
+    finally:
+        await discovery.close()
+
+
+def test_an_https_source_takes_a_host_alone_as_443() -> None:
+    source = FileSDConfig(files=["unused"], scheme="https")
+    servers = servers_from_groups([{"targets": ["llama.internal", "10.0.0.5:9931"]}], source, "here")
+    assert [(s.name, s.url) for s in servers] == [("llama.internal", "https://llama.internal"), ("10.0.0.5:9931", "https://10.0.0.5:9931")]
+
+
 async def test_http_sd_serves_targets_and_a_bad_answer_keeps_them() -> None:
     answers = [json.dumps([{"targets": ["10.0.1.1:8080"], "labels": {"pool": "sd"}}]).encode(), b"<html>oops</html>"]
     with FaultServer().play(Respond(lambda _: (200, {}, answers[0])), "/targets") as sd:
@@ -188,7 +232,7 @@ async def test_sd_out_lists_servers_and_loaded_router_models_and_filters_by_verd
     watcher = make_watcher({}, servers=[
         {"name": "plain", "url": "http://plain:8080", "labels": {"pool": "eval"}},
         {"name": "router", "url": "https://router:9443"},
-        {"name": "proxied", "url": "http://gateway/llama"},  # behind a path prefix; never polled here
+        {"name": "proxied", "url": "http://gateway:80/llama"},  # behind a path prefix; never polled here
     ], canary_endpoints=["completion"])
     certs = make_certs(tmp_path, names=("router",))
     fleet = fake_fleet({"plain": FakeLlama.plain()})

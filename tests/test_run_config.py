@@ -34,7 +34,8 @@ def test_an_emptied_config_is_refused_on_reload_and_the_fleet_stays_watched(tmp_
             found = scrape(metrics)
             assert value(found, "specwatch_config_last_reload_successful") == 0
             assert value(found, "specwatch_up", server="a") == 1
-            assert value(found, "specwatch_up", server="local") is None
+            assert value(found, "specwatch_up", server="local-9931") is None
+            assert value(found, "specwatch_up", server="local-8080") is None
 
             config.write_text("servers: []\n")
             answer = httpx.post(f"{exporter.url()}/-/reload", timeout=30)
@@ -51,8 +52,9 @@ def test_no_config_at_all_logs_a_warning_with_the_way_out(tmp_path: Path) -> Non
         exporter.wait_started()
         events = exporter.events()
         [default] = [e for e in events if e.get("event") == "watching_default_target"]
-        assert default["level"] == "warning" and default["url"] == "http://127.0.0.1:8080"
-        assert "--config" in default["hint"]
+        # llama-server's default address of either build: 9931 from build 11521, 8080 before.
+        assert default["level"] == "warning" and default["urls"] == ["http://127.0.0.1:9931", "http://127.0.0.1:8080"]
+        assert "--config" in default["hint"] and "llama-server listens on 9931 from build 11521 and on 8080 before" in default["hint"]
         [warning] = [e for e in events if e.get("event") == "config_warning"]
         assert "SPECWATCH_POLL_INTERVALL" in warning["warning"] and "SPECWATCH_POLL_INTERVAL?" in warning["warning"]
         exporter.signal(signal.SIGHUP)

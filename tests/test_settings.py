@@ -87,6 +87,31 @@ BAD_CONFIGS = [
      "servers[0] (a).url: '127.0.0.1:8080' has no scheme: add http:// (or https://), e.g. 'http://127.0.0.1:8080'"),
     ("servers:\n  - {name: a, url: 'localhost:8080'}\n",
      "servers[0] (a).url: 'localhost:8080' has no scheme: add http:// (or https://), e.g. 'http://localhost:8080'"),
+    # A host alone: the example gives llama-server's port, since 'http://HOST' is refused in its turn.
+    ("servers:\n  - {name: a, url: '10.0.0.5'}\n",
+     "servers[0] (a).url: '10.0.0.5' has no scheme: add http:// (or https://), e.g. 'http://10.0.0.5:9931'"),
+    ("servers:\n  - {name: a, url: 'localhost'}\n",
+     "servers[0] (a).url: 'localhost' has no scheme: add http:// (or https://), e.g. 'http://localhost:9931'"),
+    # http:// without a port would be port 80, where no llama-server listens by default: never assumed.
+    ("servers:\n  - {name: a, url: 'http://10.0.0.5'}\n",
+     "servers[0] (a).url: 'http://10.0.0.5' gives no port: llama-server listens on 9931 from build 11521 and on 8080 "
+     "before; give the port, e.g. 'http://10.0.0.5:9931' (an explicit ':80' for a front end on port 80)"),
+    ("servers:\n  - {name: a, url: 'http://10.0.0.5/'}\n",
+     "servers[0] (a).url: 'http://10.0.0.5/' gives no port: llama-server listens on 9931 from build 11521 and on 8080 "
+     "before; give the port, e.g. 'http://10.0.0.5:9931' (an explicit ':80' for a front end on port 80)"),
+    ("servers:\n  - {name: a, url: 'http://10.0.0.5:'}\n",
+     "servers[0] (a).url: 'http://10.0.0.5:' gives no port: llama-server listens on 9931 from build 11521 and on 8080 "
+     "before; give the port, e.g. 'http://10.0.0.5:9931' (an explicit ':80' for a front end on port 80)"),
+    ("servers:\n  - {name: a, url: 'http://LLAMA.internal'}\n",
+     "servers[0] (a).url: 'http://LLAMA.internal' gives no port: llama-server listens on 9931 from build 11521 and on "
+     "8080 before; give the port, e.g. 'http://llama.internal:9931' (an explicit ':80' for a front end on port 80)"),
+    ("servers:\n  - {name: a, url: 'http://[fd00::5]'}\n",
+     "servers[0] (a).url: 'http://[fd00::5]' gives no port: llama-server listens on 9931 from build 11521 and on 8080 "
+     "before; give the port, e.g. 'http://[fd00::5]:9931' (an explicit ':80' for a front end on port 80)"),
+    # A path of its own may carry a key: it is left out of the message and the example.
+    ("servers:\n  - {name: a, url: 'http://gateway/sk-in-path/llama'}\n",
+     "servers[0] (a).url: 'http://gateway/...' gives no port: llama-server listens on 9931 from build 11521 and on 8080 "
+     "before; give the port, e.g. 'http://gateway:9931/...' (an explicit ':80' for a front end on port 80)"),
     ("servers:\n  - {name: a, url: 'http://10.0.0.5:8080/v1'}\n",
      "servers[0] (a).url: 'http://10.0.0.5:8080/v1' ends in /v1: give the server's root (http://10.0.0.5:8080); specwatch "
      "calls /props, /slots, /completion, /v1/completions and /v1/chat/completions itself"),
@@ -141,10 +166,35 @@ def test_every_problem_is_listed_in_one_message(tmp_path: Path) -> None:
         assert fragment in message
 
 
-def test_no_config_watches_llama_servers_default_address() -> None:
+def test_no_config_watches_llama_servers_default_address_of_either_build() -> None:
     settings = load_settings(None)
-    assert [(s.name, s.url) for s in settings.servers] == [("local", "http://127.0.0.1:8080")]
+    # 9931 from build 11521 (upstream PR 26508), 8080 before: one of the two is where llama-server listens.
+    assert [(s.name, s.url) for s in settings.servers] == [
+        ("local-9931", "http://127.0.0.1:9931"), ("local-8080", "http://127.0.0.1:8080")]
     assert (settings.poll_interval, settings.canary_interval) == (15.0, 60.0)
+    assert Settings().servers == settings.servers
+
+
+def test_the_default_ports_have_one_home() -> None:
+    from specwatch.settings import schema
+
+    assert (targets.LLAMA_SERVER_PORT, targets.PORT_CHANGED_IN_BUILD, targets.LLAMA_SERVER_PORT_BEFORE) == (9931, 11521, 8080)
+    assert schema.DEFAULT_SERVER_URLS == ("http://127.0.0.1:9931", "http://127.0.0.1:8080")
+    assert targets.PORTS_BY_BUILD == "llama-server listens on 9931 from build 11521 and on 8080 before"
+    assert targets.PORTS_BY_BUILD in NO_SERVERS and "http://127.0.0.1:9931 and http://127.0.0.1:8080" in NO_SERVERS
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://10.0.0.5:80", "an explicit port 80: a front end"),
+    ("http://gateway:80/llama", "a front end on port 80 under a path prefix"),
+    ("https://10.0.0.5", "https without a port is 443: a TLS front end"),
+    ("https://llama.internal/llama", "the same under a path prefix"),
+    ("http://10.0.0.5:9931", "llama-server's default from build 11521"),
+    ("http://10.0.0.5:8080", "its default before"),
+])
+def test_a_port_given_or_implied_by_https_is_accepted(tmp_path: Path, url: str, why: str) -> None:
+    settings = _load(tmp_path, f"servers:\n  - {{name: a, url: '{url}'}}\n")
+    assert [s.url for s in settings.servers] == [url], why
 
 
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,11 +242,15 @@ def test_a_bad_environment_override_is_named_as_such(tmp_path: Path, monkeypatch
 
 @pytest.mark.parametrize(("value", "expected"), [
     ("nonsense", "servers (from environment variable SPECWATCH_SERVERS): not valid JSON; lists and mappings are given as JSON, "
-                 "e.g. SPECWATCH_SERVERS='[{\"name\": \"a\", \"url\": \"http://10.0.0.5:8080\"}]'"),
+                 "e.g. SPECWATCH_SERVERS='[{\"name\": \"a\", \"url\": \"http://10.0.0.5:9931\"}]'"),
     ("[]", f"servers (from environment variable SPECWATCH_SERVERS): {NO_SERVERS}"),
     ('[{"name": "a", "url": "10.0.0.5:8080"}]',
      "servers (from environment variable SPECWATCH_SERVERS)[0] (a).url: '10.0.0.5:8080' has no scheme: add http:// "
      "(or https://), e.g. 'http://10.0.0.5:8080'"),
+    ('[{"name": "a", "url": "http://10.0.0.5"}]',
+     "servers (from environment variable SPECWATCH_SERVERS)[0] (a).url: 'http://10.0.0.5' gives no port: llama-server "
+     "listens on 9931 from build 11521 and on 8080 before; give the port, e.g. 'http://10.0.0.5:9931' (an explicit ':80' "
+     "for a front end on port 80)"),
 ])
 def test_bad_servers_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, expected: str) -> None:
     monkeypatch.setenv("SPECWATCH_SERVERS", value)

@@ -15,6 +15,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from ..problems import ConfigError, Loc, problem_lines, read_yaml
 from .schema import Provenance, Settings
+from .targets import LLAMA_SERVER_PORT
 
 ENV_PREFIX = "SPECWATCH_"
 CONFIG_FILE_ENV = "SPECWATCH_CONFIG_FILE"
@@ -80,7 +81,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Settings from `path` (YAML, read once), the environment and `overrides`; raises ConfigError listing every problem.
 
     Each wins over the one before, key by key: the file, then SPECWATCH_* variables, then `overrides`. With neither a
-    file nor SPECWATCH_SERVERS, the default target is watched (Settings.default_target says so); a file that lists
+    file nor SPECWATCH_SERVERS, the default targets are watched (Settings.default_target says so); a file that lists
     no servers is refused.
     """
     source = "configuration"
@@ -99,7 +100,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         key = match[1] if match else "?"
         variables = ", ".join(env_variables_for(key)) or f"{ENV_PREFIX}{key.upper()}"
         problem = (f"{key} (from environment variable {variables}): not valid JSON; lists and mappings are given as "
-                   f"JSON, e.g. SPECWATCH_SERVERS='[{{\"name\": \"a\", \"url\": \"http://10.0.0.5:8080\"}}]'")
+                   f"JSON, e.g. SPECWATCH_SERVERS='[{{\"name\": \"a\", \"url\": \"http://10.0.0.5:{LLAMA_SERVER_PORT}\"}}]'")
         raise ConfigError([problem], _described_source(source, [problem]), warnings) from None
     data = {**(file_data or {}), **environment, **overrides}
     provenance = Provenance(

@@ -20,10 +20,21 @@ from pydantic import (
 from ..durations import INTERVAL_FLOOR, Interval, Timeout, format_duration, lenient_duration
 from ..endpoints import Endpoint
 from ..problems import Loc, refusing_also
-from .targets import FileSDConfig, HttpSDConfig, ServerConfig
+from .targets import (
+    LLAMA_SERVER_PORT,
+    LLAMA_SERVER_PORT_BEFORE,
+    PORTS_BY_BUILD,
+    FileSDConfig,
+    HttpSDConfig,
+    ServerConfig,
+)
 
-DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
-DEFAULT_SERVER_NAME = "local"
+DEFAULT_SERVERS = tuple((f"local-{port}", f"http://127.0.0.1:{port}") for port in (LLAMA_SERVER_PORT, LLAMA_SERVER_PORT_BEFORE))
+"""(name, url) of what is watched with no config at all: llama-server's default address of either build, since a
+build from PORT_CHANGED_IN_BUILD listens on LLAMA_SERVER_PORT and one before on LLAMA_SERVER_PORT_BEFORE."""
+DEFAULT_SERVER_URLS = tuple(url for _, url in DEFAULT_SERVERS)
+DEFAULT_SERVERS_SAID = f"{' and '.join(DEFAULT_SERVER_URLS)}: started without --port, {PORTS_BY_BUILD}"
+"""The default targets and why, as the help, the warnings and the refusal of an empty config say them."""
 DEFAULT_POLL_INTERVAL, DEFAULT_CANARY_INTERVAL = 15.0, 60.0
 DEFAULT_POLL_TIMEOUT, DEFAULT_CANARY_TIMEOUT = 5.0, 30.0
 RETIRED = {
@@ -32,9 +43,9 @@ RETIRED = {
 }
 """Keys of an older release that are read and ignored, each with why (a warning in the log, never a refusal)."""
 NO_SERVERS = (
-    "lists no servers: put the fleet under servers:, e.g. servers: [{name: eval-a, url: 'http://10.0.0.5:8080'}] "
-    f"(a config that watches nothing is refused, so a truncated file cannot unwatch a fleet; without any config "
-    f"specwatch watches {DEFAULT_SERVER_URL})"
+    "lists no servers: put the fleet under servers:, e.g. "
+    f"servers: [{{name: eval-a, url: 'http://10.0.0.5:{LLAMA_SERVER_PORT}'}}] (a config that watches nothing is refused, so "
+    f"a truncated file cannot unwatch a fleet; without any config specwatch watches {DEFAULT_SERVERS_SAID})"
 )
 
 
@@ -151,7 +162,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     servers: list[ServerConfig] = Field(
-        default_factory=lambda: [ServerConfig(name=DEFAULT_SERVER_NAME, url=DEFAULT_SERVER_URL)]
+        default_factory=lambda: [ServerConfig(name=name, url=url) for name, url in DEFAULT_SERVERS]
     )
     poll_interval: Interval = DEFAULT_POLL_INTERVAL
     canary_interval: Interval = DEFAULT_CANARY_INTERVAL
@@ -179,7 +190,7 @@ class Settings(BaseModel):
 
     @property
     def default_target(self) -> bool:
-        """True when nothing configured a fleet and the default target (llama-server's default address) is watched."""
+        """True when nothing configured a fleet and the default targets (DEFAULT_SERVERS) are watched."""
         return self._default_target
 
     @property

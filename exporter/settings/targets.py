@@ -14,6 +14,17 @@ from ..apikey import checked_key, read_key_file
 from ..durations import Interval, Timeout
 from ..problems import NamesItsKey
 
+LLAMA_SERVER_PORT = 9931
+"""Where llama-server listens when started without --port, from build PORT_CHANGED_IN_BUILD (upstream PR 26508,
+common/common.h); LLAMA_SERVER_PORT_BEFORE before it. The one home of these numbers in the package."""
+LLAMA_SERVER_PORT_BEFORE = 8080
+"""Where llama-server listened when started without --port, up to build PORT_CHANGED_IN_BUILD - 1."""
+PORT_CHANGED_IN_BUILD = 11521
+"""The first llama.cpp build whose llama-server listens on LLAMA_SERVER_PORT by default."""
+PORTS_BY_BUILD = (f"llama-server listens on {LLAMA_SERVER_PORT} from build {PORT_CHANGED_IN_BUILD} and on "
+                  f"{LLAMA_SERVER_PORT_BEFORE} before")
+"""Where llama-server listens by default, build by build, in the words every message and help text uses."""
+
 # Labels specwatch's own series carry, and the target labels the alert rules aggregate away (instance, pod).
 RESERVED_LABELS = frozenset({"server", "model", "endpoint", "source", "reason", "outcome", "verdict", "build", "version",
                              "job", "instance", "pod", "peer_group", "file", "ftype", "size", "n_params", "n_vocab",
@@ -133,10 +144,13 @@ class ServerConfig(_KeyedTargets):
         if "://" not in text:
             guess = urlsplit(f"http://{text}")
             if guess.hostname and not (guess.username or guess.password):
-                bare = _server_root(f"http://{text}").removeprefix("http://")
+                root = _server_root(f"http://{text}")
+                if urlsplit(root).port is None:
+                    root += f":{LLAMA_SERVER_PORT}"  # 'http://HOST' alone is refused: the example gives a port
+                bare = root.removeprefix("http://")
                 given = _as_given(f"http://{text}").removeprefix("http://")
                 raise ValueError(f"{given!r} has no scheme: add http:// (or https://), e.g. 'http://{bare}'")
-            raise ValueError("not a URL: use http://HOST:PORT, e.g. 'http://10.0.0.5:8080'")
+            raise ValueError(f"not a URL: use http://HOST:PORT, e.g. 'http://10.0.0.5:{LLAMA_SERVER_PORT}'")
         parts = urlsplit(text)
         shown = f"{parts.scheme}://{parts.hostname or ''}"
         if parts.scheme not in ("http", "https"):
@@ -160,6 +174,14 @@ class ServerConfig(_KeyedTargets):
             raise ValueError(
                 f"{_as_given(text)!r} ends in {ending}: give the server's root ({root}); specwatch calls "
                 "/props, /slots, /completion, /v1/completions and /v1/chat/completions itself"
+            )
+        if parts.scheme == "http" and parts.port is None:  # a bad port was refused above
+            # http's own default, 80, is where no llama-server listens unless told to: never assumed. An https:// URL
+            # without a port is a TLS front end (443), so it stays accepted.
+            example = _server_root(text) + f":{LLAMA_SERVER_PORT}" + ("/..." if path else "")
+            raise ValueError(
+                f"{_as_given(text)!r} gives no port: {PORTS_BY_BUILD}; give the port, e.g. {example!r} "
+                "(an explicit ':80' for a front end on port 80)"
             )
         return text.rstrip("/")
 
