@@ -12,6 +12,7 @@ from specwatch.endpoints import Endpoint
 from specwatch.gate.check import render_text, run_check
 from specwatch.probe.http.client import Client
 from specwatch.settings.targets import ServerConfig
+from tests.support import builds
 from tests.support.fakes import serving
 from tests.support.wire import FakeLlama
 
@@ -325,13 +326,23 @@ async def test_each_failed_endpoint_carries_its_closed_set_reason() -> None:
 
 @pytest.fixture(scope="module")
 def real_pair(tmp_path_factory: pytest.TempPathFactory):
-    """A real plain and a real draft-simple llama-server on the tiny cycle model."""
+    """A real plain and a real draft-simple llama-server on the tiny cycle model, of a build: started once per build."""
     from specwatch.demo.llamaserver import LlamaServer
     from specwatch.demo.tinymodel import write_cycle_model
 
     model = write_cycle_model(tmp_path_factory.mktemp("pair") / "cycle.gguf")
-    with LlamaServer.of_kind("plain", model) as plain, LlamaServer.of_kind("draft", model) as draft:
-        yield plain, draft
+    started: dict[str, tuple[LlamaServer, LlamaServer]] = {}
+
+    def pair(build: str) -> tuple[LlamaServer, LlamaServer]:
+        if build not in started:
+            started[build] = tuple(LlamaServer.of_kind(kind, model, build=builds.get(build)).start()
+                                   for kind in ("plain", "draft"))
+        return started[build]
+
+    yield pair
+    for servers in started.values():
+        for server in servers:
+            server.close()
 
 
 def _cli_check(url: str, *args: str) -> tuple[int, dict]:
@@ -346,10 +357,11 @@ def _cli_check(url: str, *args: str) -> tuple[int, dict]:
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("per", ["request", "connection"])
-def test_check_through_a_round_robin_balancer_is_never_clean_in_ten_runs(real_pair, per: str) -> None:
+@builds.each
+def test_check_through_a_round_robin_balancer_is_never_clean_in_ten_runs(real_pair, build: str, per: str) -> None:
     from tests.support.proxy import Proxy
 
-    plain, draft = real_pair
+    plain, draft = real_pair(build)
     with Proxy([plain.url, draft.url], per=per) as proxy:
         outcomes = [_cli_check(proxy.url, "--tokens", "16") for _ in range(10)]
     verdicts = [report["verdict"] for _, report in outcomes]
@@ -366,10 +378,11 @@ def test_check_through_a_round_robin_balancer_is_never_clean_in_ten_runs(real_pa
 
 
 @pytest.mark.real
-def test_check_through_an_openai_only_gateway(real_pair) -> None:
+@builds.each
+def test_check_through_an_openai_only_gateway(real_pair, build: str) -> None:
     from tests.support.proxy import Proxy
 
-    plain, draft = real_pair
+    plain, draft = real_pair(build)
     with Proxy([draft.url], v1_only=True) as gateway:
         code, report = _cli_check(gateway.url)
     assert (code, report["verdict"], report["gateway"]) == (1, "fill_ins", True)
@@ -379,3 +392,27 @@ def test_check_through_an_openai_only_gateway(real_pair) -> None:
         code, report = _cli_check(gateway.url)
     assert (code, report["verdict"]) == (0, "clean"), report["summary"]
     assert "forwards only /v1/*" in report["summary"]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["plain", "draft"])
+@builds.each
+def test_a_real_trained_model_is_clean_plain_and_serves_fill_ins_drafting_with_itself(build: str, kind: str) -> None:
+    """Gemma 3 270M, not the cycle model: a plain server is clean and one drafting with itself (-md the same file,
+    draft-simple) serves fill-ins, on each build. A raw-prompt and a chat canary of 8 tokens each: the fewest that
+    prove a server clean where /slots says it does not speculate, and enough to catch every drafted token."""
+    from specwatch.demo.llamaserver import LlamaServer
+    from tests.support import gemma
+
+    with LlamaServer.of_kind(kind, gemma.model(), build=builds.get(build)) as server:
+        code, report = _cli_check(server.url, "--endpoint", "completion", "--endpoint", "chat", "--tokens", "8")
+    assert (code, report["verdict"], report["speculation_slots"]) == {
+        "plain": (0, "clean", False), "draft": (1, "fill_ins", True)}[kind], report["summary"]
+    assert [e["endpoint"] for e in report["endpoints"]] == ["completion", "chat"]
+    for entry in report["endpoints"]:
+        assert entry["judged_tokens"] == 7, entry
+        if kind == "plain":
+            assert (entry["fill_ins"], entry["draft_n"]) == (0, None), entry
+        else:
+            assert entry["fill_ins"] == 7 and entry["draft_n"] > 0, entry
