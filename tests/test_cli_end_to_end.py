@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ import pytest
 from specwatch.demo.llamaserver import LlamaServer
 from specwatch.demo.tinymodel import write_cycle_model
 from specwatch.endpoints import Endpoint
+from tests.support import builds
+from tests.support.builds import SOURCE
 from tests.support.favour import favoured
 from tests.support.metrics import find, scrape
 from tests.support.net import free_port
@@ -38,32 +41,41 @@ def model(workdir: Path) -> Path:
     return write_cycle_model(workdir / "cycle.gguf")
 
 
-@pytest.fixture(scope="module")
-def servers(model: Path, workdir: Path) -> Iterator[dict[str, LlamaServer]]:
-    kinds = {
-        "plain": ("plain", []),
-        "draft": ("draft", []),
-        "ngram": ("ngram", []),
-        "locked": ("plain", ["--api-key", API_KEY]),
-        "noslots": ("draft", ["--no-slots"]),
-        # Speculates per /slots, but a 64-token lookup never matches the canary's text: it never drafts, so its
-        # logprobs are not proven real. (With its defaults ngram-simple drafts on the chat canaries: fill-ins.)
-        "quiet": ("plain", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "64"]),
-        "ngramsimple": ("plain", ["--spec-type", "ngram-simple"]),
-        # /slots off: speculation cannot be seen, so only canaries long enough on both kinds of endpoint prove it off.
-        "noslotsplain": ("plain", ["--no-slots"]),
-        "noslotssimple": ("plain", ["--spec-type", "ngram-simple", "--no-slots"]),
-    }
+SERVERS = {  # name: (kind, more flags)
+    "plain": ("plain", []),
+    "draft": ("draft", []),
+    "ngram": ("ngram", []),
+    "locked": ("plain", ["--api-key", API_KEY]),
+    "noslots": ("draft", ["--no-slots"]),
+    # Speculates per /slots, but a 64-token lookup never matches the canary's text: it never drafts, so its
+    # logprobs are not proven real. (With its defaults ngram-simple drafts on the chat canaries: fill-ins.)
+    "quiet": ("plain", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "64"]),
+    "ngramsimple": ("plain", ["--spec-type", "ngram-simple"]),
+    # /slots off: speculation cannot be seen, so only canaries long enough on both kinds of endpoint prove it off.
+    "noslotsplain": ("plain", ["--no-slots"]),
+    "noslotssimple": ("plain", ["--spec-type", "ngram-simple", "--no-slots"]),
+}
+
+
+@contextlib.contextmanager
+def _started(build: str, model: Path, workdir: Path) -> Iterator[dict[str, LlamaServer]]:
+    """Every server of SERVERS on `build`."""
     started: dict[str, LlamaServer] = {}
     # Ahead of the machine's other work for a CPU, as the exporter watching them: their polls time out at 900 ms.
     with favoured():
         try:
-            for name, (kind, extra) in kinds.items():
-                started[name] = LlamaServer.of_kind(kind, model, extra, log_dir=workdir).start()
+            for name, (kind, extra) in SERVERS.items():
+                started[name] = LlamaServer.of_kind(kind, model, extra, build=builds.get(build), log_dir=workdir).start()
             yield started
         finally:
             for server in started.values():
                 server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(model: Path, workdir: Path) -> Iterator[dict[str, LlamaServer]]:
+    with _started(SOURCE, model, workdir) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +85,9 @@ def key_file(workdir: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: Path) -> Iterator[tuple[str, Path]]:
-    config = workdir / "specwatch.yml"
+@contextlib.contextmanager
+def _exporter(servers: dict[str, LlamaServer], key_file: Path, config: Path) -> Iterator[tuple[str, Path]]:
+    """`specwatch run` watching `servers`: its /metrics URL and its log."""
     lines = ["servers:"]
     for name, server in servers.items():
         lines.append(f"  - {{name: {name}, url: '{server.url}', labels: {{kind: {name}}}"
@@ -85,7 +97,7 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
     lines.append("poll_interval: 1s\npoll_timeout: 900ms\ncanary_interval: 3s\ncanary_timeout: 3s\n")
     config.write_text("\n".join(lines))
     port = free_port()
-    log = workdir / "specwatch.log"
+    log = config.with_suffix(".log")
     with log.open("w") as out, favoured():
         process = subprocess.Popen(
             [sys.executable, "-m", "specwatch", "run", "--config", str(config), "--listen", f"127.0.0.1:{port}",
@@ -97,6 +109,12 @@ def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: P
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def exporter_metrics(servers: dict[str, LlamaServer], key_file: Path, workdir: Path) -> Iterator[tuple[str, Path]]:
+    with _exporter(servers, key_file, workdir / "specwatch.yml") as exporter:
+        yield exporter
 
 
 def _wait(url: str, ready, timeout: float = 60.0) -> dict:
@@ -212,8 +230,8 @@ def test_check_where_slots_are_off_needs_both_kinds_of_endpoint(servers: dict[st
     assert (code, report["verdict"]) == (0, "clean"), report["summary"]
 
 
-VERDICTS = {"plain": "clean", "draft": "fill_ins", "ngramsimple": "fill_ins", "quiet": "unproven", "unkeyed": "unchecked",
-            "noslotsplain": "clean", "noslotssimple": "fill_ins"}
+VERDICTS = {"plain": "clean", "draft": "fill_ins", "ngram": "fill_ins", "ngramsimple": "fill_ins", "quiet": "unproven",
+            "unkeyed": "unchecked", "noslots": "fill_ins", "noslotsplain": "clean", "noslotssimple": "fill_ins"}
 
 
 def _daemon_verdict(samples: dict, server: str) -> str | None:
@@ -222,9 +240,25 @@ def _daemon_verdict(samples: dict, server: str) -> str | None:
     return on[0] if on else None
 
 
-def test_check_and_the_daemon_agree_on_every_verdict(exporter_metrics: tuple[str, Path],
-                                                     servers: dict[str, LlamaServer]) -> None:
-    url, _ = exporter_metrics
+@contextlib.contextmanager
+def _watched(request: pytest.FixtureRequest, build: str) -> Iterator[tuple[dict[str, LlamaServer], str]]:
+    """SERVERS on `build` and the daemon watching them: the module's own on b11434, for this test alone on another."""
+    if build == SOURCE:
+        yield request.getfixturevalue("servers"), request.getfixturevalue("exporter_metrics")[0]
+        return
+    workdir, key_file = request.getfixturevalue("workdir"), request.getfixturevalue("key_file")
+    with _started(build, request.getfixturevalue("model"), workdir) as servers, \
+            _exporter(servers, key_file, workdir / f"specwatch-{build}.yml") as (url, _):
+        yield servers, url
+
+
+@builds.each
+def test_check_and_the_daemon_agree_on_every_verdict(request: pytest.FixtureRequest, build: str) -> None:
+    with _watched(request, build) as (servers, url):
+        _agree(servers, url)
+
+
+def _agree(servers: dict[str, LlamaServer], url: str) -> None:
     samples = _wait(url, lambda s: all(_daemon_verdict(s, name) == verdict for name, verdict in VERDICTS.items()),
                     timeout=90)
     for name, verdict in VERDICTS.items():

@@ -48,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-md", "--model-draft", help="the draft model's GGUF file")
     p.add_argument("--spec-type", default="none", help=f"comma-separated, of: {', '.join(SPEC_TYPES)}")
     p.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy")
+    p.add_argument("--spec-ngram-simple-size-n", type=int, help="ngram-simple's lookup n-gram length (1 to 1024)")
     p.add_argument("--spec-synth-len", type=float)
     p.add_argument("--spec-synth-rates")
     p.add_argument("-ctk", "--cache-type-k", choices=KV_TYPES, default="f16")
@@ -90,6 +91,10 @@ def params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     if args.model_draft:
         p.speculative.draft.mparams.path = args.model_draft
     p.speculative.draft.probabilistic = args.spec_draft_sampling == "probabilistic"
+    if args.spec_ngram_simple_size_n is not None:
+        if not 1 <= args.spec_ngram_simple_size_n <= 1024:
+            raise ValueError("--spec-ngram-simple-size-n: ngram size N must be between 1 and 1024 inclusive")
+        p.speculative.ngram_simple.size_n = args.spec_ngram_simple_size_n
     if args.spec_synth_len is not None:
         p.speculative.synth_len = args.spec_synth_len
     if args.spec_synth_rates:
