@@ -14,6 +14,8 @@ import pytest
 
 from specwatch.demo.llamaserver import LlamaRouter, router_preset
 from specwatch.demo.tinymodel import write_cycle_model
+from tests.support import builds
+from tests.support.builds import PREBUILT
 from tests.support.metrics import find, scrape
 from tests.support.process import ExporterProcess
 from tests.support.waiting import wait_until
@@ -158,3 +160,20 @@ def test_a_router_model_still_loading_answers_503_through_the_router(tmp_path: P
         assert answer("/slots?model=stuck&autoload=false") == (503, loading)
         assert answer("/health?model=stuck&autoload=false") == (200, {"status": "ok"})
         assert stuck_router.status("stuck") == "loading"
+
+
+@builds.only(PREBUILT)
+def test_the_prebuilt_build_has_no_router_mode_and_the_tests_router_refuses_it(tmp_path: Path, build: str) -> None:
+    """Why every router test runs on b11434 alone: build 11549's wheel refuses router mode, measured on the wheel itself
+    (a --models-preset and no model), and its launcher takes no router flag; LlamaRouter says so before starting."""
+    model = write_cycle_model(tmp_path / "cycle.gguf")
+    preset = router_preset(tmp_path / "preset.ini", {"plain": ["--model", str(model)]})
+    assert builds.prebuilt_router(preset) == \
+        "ValueError: params.model.path is required: xllamacpp disabled the router server feature"
+    launched = subprocess.run([*builds.get(build).launcher, "--models-preset", str(preset)], capture_output=True,
+                              text=True, timeout=120)
+    assert launched.returncode == 2 and "the following arguments are required: -m/--model" in launched.stderr
+    with pytest.raises(ValueError) as refused:
+        LlamaRouter(preset, build=builds.get(build), log_dir=tmp_path)
+    assert str(refused.value) == ("llama-server b11549 (prebuilt (xllamacpp==2026.10.11549)) cannot run as a router: its "
+                                  "wheel has router mode disabled")
