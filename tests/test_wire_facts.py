@@ -52,7 +52,7 @@ def server(model):
     """Start each kind of server on each build once for the whole module, on first use."""
     started: dict[tuple[str, str], LlamaServer] = {}
 
-    def get(kind: str, build: str = SOURCE) -> LlamaServer:
+    def get(kind: str, build: str) -> LlamaServer:
         if (kind, build) not in started:
             started[kind, build] = LlamaServer.of_kind(kind, model, build=builds.get(build)).start()
         return started[kind, build]
@@ -501,8 +501,8 @@ def _help_port(build: str) -> int:
 
 
 def _source_port(build: str) -> int:
-    """The prebuilt build's port with no --port: the launcher's, which is llama-server's from its source (common.h), once
-    the wheel's compiled help names it too (its --server-base example, 'http://localhost:PORT')."""
+    """The prebuilt build's port with no --port, as its source sets it (common.h; the launcher's DEFAULT_PORT), held to
+    what the wheel's compiled code says: its --server-base help names 'http://localhost:PORT' (b11434's names 8080)."""
     import importlib.util
     import mmap
 
