@@ -8,6 +8,9 @@ parts from it within a few tokens. Asked through /v1/completions, which OpenAI-c
 
 from __future__ import annotations
 
+import functools
+import json
+from importlib import resources
 from typing import Any
 
 from ..reasons import ProbeFailure, Reason
@@ -32,6 +35,13 @@ QUESTIONS = (
     "My favourite book is",
 )
 """Ordinary text the model is not sure how to go on with; a member is asked them in turn."""
+
+
+@functools.cache
+def prompts() -> tuple[str, ...]:
+    """The prompt pool shipped beside this module (prompts.json, made by bench/prompt_pool.py): ordinary text that left
+    Gemma 3 270M undecided, in a fixed shuffled order; read once."""
+    return tuple(json.loads(resources.files(__package__).joinpath("prompts.json").read_text(encoding="utf-8")))
 
 
 def body(question: int, model: str | None = None) -> dict[str, Any]:
