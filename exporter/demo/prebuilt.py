@@ -2,8 +2,9 @@
 
 xllamacpp runs llama-server's HTTP server inside a Python process. This module gives it llama-server's command line (the
 flags the demo and the tests pass; any other is refused by name), so a prebuilt server starts, logs and stops as a
-compiled llama-server does, in a process of its own. Exit codes: 0 stopped by SIGTERM or SIGINT, 1 the server did not
-start, 2 a flag it does not take, 3 the wheel is not installed or cannot load on this machine.
+compiled llama-server does, in a process of its own: SIGTERM or SIGINT end it once its model is loaded (while it loads,
+neither does, as with llama-server). Exit codes: 1 the server did not start, 2 a flag it does not take, 3 the wheel is
+not installed or cannot load on this machine.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-BUILD = "b11549"
-PACKAGE = "xllamacpp"
-REQUIREMENT = "xllamacpp==2026.10.11549"
-DEFAULT_PORT = 9931
-"""llama-server's default port from build 11521 on (common/common.h); 8080 before."""
-CANNOT_LOAD = 3
+from ..settings.targets import LLAMA_SERVER_PORT as DEFAULT_PORT
+from .llamaserver import CANNOT_LOAD, PACKAGE, REQUIREMENT
+from .llamaserver import PREBUILT_BUILD as BUILD
+
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 """--spec-type's values on this build, as llama-server spells them."""
@@ -87,7 +86,8 @@ def params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     if unknown:
         raise ValueError(f"--spec-type {','.join(unknown)}: not a speculation type of {BUILD}; one of {', '.join(SPEC_TYPES)}")
     kinds = xllamacpp.common_speculative_type
-    p.speculative.types = [getattr(kinds, "COMMON_SPECULATIVE_TYPE_" + t.upper().replace("-", "_")) for t in types]
+    # llama-server adds the types given to its default list, ["none"]: /slots then reads "none,draft-simple".
+    p.speculative.types = [getattr(kinds, "COMMON_SPECULATIVE_TYPE_" + t.upper().replace("-", "_")) for t in ["none", *types]]
     if args.model_draft:
         p.speculative.draft.mparams.path = args.model_draft
     p.speculative.draft.probabilistic = args.spec_draft_sampling == "probabilistic"
@@ -117,23 +117,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # a shared object the wheel links that this system lacks
         print(f"llama-server {BUILD} prebuilt: the {PACKAGE} wheel cannot load on this machine ({err})", file=sys.stderr)
         return CANNOT_LOAD
-    # Set before the server starts: a SIGTERM while the model loads must still stop it the same way.
-    stop = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     try:
         wanted = params(args, xllamacpp)
     except ValueError as err:
         print(f"llama-server {BUILD} prebuilt: {err}", file=sys.stderr)
         return 2
+    # SIGTERM and SIGINT end the process as they end llama-server: no handler of ours, which would have to wait for the
+    # wheel, which holds the interpreter while it loads a model.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, signal.SIG_DFL)
     try:
         server = xllamacpp.Server(wanted)
     except (ValueError, RuntimeError) as err:
         print(f"llama-server {BUILD} prebuilt: did not start: {err}", file=sys.stderr)
         return 1
     print(f"llama-server {BUILD} prebuilt (xllamacpp) listening at {server.listening_address}", file=sys.stderr, flush=True)
-    signal.sigwait(stop)
-    del server  # the wheel stops its HTTP server and frees the model when the object goes
-    return 0
+    while True:
+        signal.pause()
 
 
 if __name__ == "__main__":
