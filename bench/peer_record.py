@@ -419,8 +419,9 @@ def summary(path: Path) -> str:
     lines = [f"{path}: {path.stat().st_size / 1e6:.1f} MB, {len(headers)} members, "
              f"{sum(len(a) for a in answers.values())} answers",
              "| member | group | answers | seconds | answers whose text differs from b11434-np1's take 0 | take 0 differs "
-             "from b11434-np1 (prompts) | take 0 differs from its take 1 | fill-in tokens | eval | eval shift |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "from b11434-np1 (prompts) | take 0 differs from its take 1 | fill-in tokens | logprob moved before the texts part "
+             "(mean, max) | eval | eval shift |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, header in headers.items():
         held = answers[name]
         times = [a["t"] for a in held.values()]
@@ -433,14 +434,27 @@ def summary(path: Path) -> str:
         vs_reference = sum(text(first[p]) != text(reference[(p, 0)]) for p in shared)
         again = [p for p in first if (p, 1) in held]
         vs_self = sum(text(first[p]) != text(held[(p, 1)]) for p in again)
+        moved = [abs(x[1] - y[1]) for a, r in compared for x, y in _before_parting(a, r) if x[1] is not None and y[1] is not None]
         fills = sum(t[1] is None for a in held.values() for t in a["tokens"])
         every = sum(len(a["tokens"]) for a in held.values())
         evals = statistics.fmean(header["eval"]["per_prompt"])
         shift = f"{evals - base:+.4f}" if base is not None else "-"
         lines.append(f"| {name} | {header['group']} | {len(held)} | {seconds:.0f} | {differs} of {len(compared)} | "
                      f"{_fraction(vs_reference, len(shared))} | {_fraction(vs_self, len(again))} | "
-                     f"{fills} of {every} | {evals:+.4f} | {shift} |")
+                     f"{fills} of {every} | {_moved(moved)} | {evals:+.4f} | {shift} |")
     return "\n".join(lines)
+
+
+def _before_parting(a: dict[str, Any], b: dict[str, Any]) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Two answers' tokens side by side, up to where their texts part."""
+    for x, y in zip(a["tokens"], b["tokens"], strict=False):
+        if x[0] != y[0]:
+            return
+        yield x, y
+
+
+def _moved(values: Sequence[float]) -> str:
+    return f"{statistics.fmean(values):.4f}, {max(values):.3f}" if values else "-"
 
 
 def _fraction(count: int, of: int) -> str:
