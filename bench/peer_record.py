@@ -159,20 +159,20 @@ REFERENCE = NULL[0].name
 """The member every other is compared with in the summary: plain, one slot, idle, build 11434."""
 
 
-def changed_members(eps: dict[str, tuple[float, ...]] = EPS) -> list[Member]:
+def changed_members(eps: dict[str, tuple[float, ...]] = EPS, seeds: Sequence[int] = SEEDS) -> list[Member]:
     weights = [Member(f"{kind}-eps{e:g}-s{seed}", "changed", change=(kind, e, seed))
-               for kind, values in eps.items() for e in values for seed in SEEDS]
+               for kind, values in eps.items() for e in values for seed in seeds]
     return [*weights, Member("requantized", "changed", change=("requantized", None, None)),
             Member("synthetic", "changed", draft=_draft(synth_len=4), change=("synthetic", None, None))]
 
 
-def members() -> list[Member]:
-    return [*NULL, *changed_members()]
+def members(seeds: Sequence[int] = SEEDS) -> list[Member]:
+    return [*NULL, *changed_members(seeds=seeds)]
 
 
-def select(wanted: Sequence[str]) -> list[Member]:
+def select(wanted: Sequence[str], seeds: Sequence[int] = SEEDS) -> list[Member]:
     """Members by name, glob (b11549-*) or group (null, changed); all of them when none is named."""
-    every = members()
+    every = members(seeds)
     if not wanted:
         return every
     chosen = [m for m in every if any(w == m.group or fnmatch.fnmatchcase(m.name, w) for w in wanted)]
@@ -541,6 +541,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(130)
 
 
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds are integers, comma-separated (6,7,8)") from None
+    if CALIBRATION_SEED in seeds:
+        raise argparse.ArgumentTypeError(f"seed {CALIBRATION_SEED} is the calibration's: take others")
+    return seeds
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peer_record", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -560,9 +570,12 @@ def _main(argv: Sequence[str] | None) -> int:
                         help="measure the eval's shift of this kind over its grid of eps, at seed 0 (repeatable)")
     parser.add_argument("--grid", help="with --calibrate: the eps to try, comma-separated")
     parser.add_argument("--log-dir", type=Path, help="the servers' logs (<out>.logs/ by default)")
+    parser.add_argument("--seeds", type=_seeds, default=SEEDS,
+                        help=f"the weight changes' seeds, comma-separated ({','.join(map(str, SEEDS))}; a held-out "
+                             f"recording takes others, and never {CALIBRATION_SEED}, the calibration's)")
     args = parser.parse_args(argv)
     if args.list:
-        for member in members():
+        for member in members(args.seeds):
             print(f"{member.name:28s} {member.group:8s} {member.build} -np {member.parallel} -t {member.threads}"
                   f"{' busy' if member.busy else ''} {' '.join(member.args()[2:])}")
         return 0
@@ -582,7 +595,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.summary:
         print(summary(args.out))
         return 0
-    chosen = select(args.members)
+    chosen = select(args.members, args.seeds)
     if any(m.group == "changed" and m.change and m.change[0] in EPS and not EPS[m.change[0]] for m in chosen):
         parser.error("EPS is not calibrated yet: python -m bench.peer_record --calibrate KIND")
     size = len(pool())
@@ -595,7 +608,7 @@ def _main(argv: Sequence[str] | None) -> int:
     recording.begin({"kind": "run", "pool_sha256": pool_hash(), "pool_size": size,
                      "prompts": [args.prompts.start, args.prompts.stop],
                      "changed_prompts": [args.changed_prompts.start, args.changed_prompts.stop],
-                     "eval_prompts": list(EVAL_PROMPTS), "request": request("<prompt>"), "eps": EPS, "seeds": list(SEEDS),
+                     "eval_prompts": list(EVAL_PROMPTS), "request": request("<prompt>"), "eps": EPS, "seeds": list(args.seeds),
                      "started": time.time()})
     log_dir = args.log_dir or args.out.with_name(args.out.name + ".logs")
     started = time.monotonic()
