@@ -1,5 +1,6 @@
 """Replicas compared: groups, fingerprints (content counts, deployment is shown), the difference of two answers, the
-sequential test, and each member held against its floor(n/2)-th nearest (pairs and splits included)."""
+sequential test, each member scored against its group round by round (pairs, splits, references, any size), and a
+member that stops answering never left agreeing."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import math
 
 import pytest
 
-from specwatch.core.evidence import ALLOWANCE, CAP, MARGIN, THRESHOLD, Difference, Evidence, difference, score, spread
-from specwatch.core.peers import ANSWERS, FINGERPRINT, OPT_OUT, Fingerprint, Peer, Standing, compare, group_of
+from specwatch.core.evidence import (
+    ALLOWANCE, CAP, FLOOR, GROSS, GROSS_ROUNDS, GROSS_WINDOW, MISSED, NOISY, THRESHOLD, Cusum, Difference, difference,
+    spread,
+)
+from specwatch.core.peers import (
+    ANSWERS, FINGERPRINT, OPT_OUT, Comparing, Fingerprint, Judgement, Peer, Reference, Standing, group_of, score_round,
+)
 from specwatch.core.report import peers_entry
 from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.peerprobe import read
@@ -36,23 +42,19 @@ OFF = answer((-0.1, -0.9, -1.0, -1.1))
 """0.525 nats a value from answer(): 17.5 times the margin."""
 
 
-def group(*answers: Logprobs, noise: float = 0.0, fingerprints: tuple[Fingerprint, ...] = (),
-          questions: tuple[int, ...] = (0,)) -> dict[str, Peer]:
-    """Members r0, r1, ... giving their answer to each of `questions`, the noise measured on each: a comparison that
-    counts every answer afresh counts one per member and question."""
+def group(*answers: Logprobs, noise: float | None = None, fingerprints: tuple[Fingerprint, ...] = (),
+          rounds: int = 1) -> dict[str, Peer]:
+    """Members r0, r1, ... each giving its answer to rounds 0 .. rounds-1, with `noise` its own."""
     prints = fingerprints or (Q4KM,) * len(answers)
-    return {f"r{i}": Peer(fp, {q: a for q in questions}, {q: noise for q in questions})
+    return {f"r{i}": Peer(fp, {q: a for q in range(rounds)}, noise)
             for i, (a, fp) in enumerate(zip(answers, prints, strict=True))}
 
 
-def decided(peers: dict[str, Peer], times: int = 1):
-    """`times` comparisons, each counting every answer afresh, the evidence carried from one to the next."""
-    evidence: dict[str, Evidence] = {}
-    judgement = compare(peers)
-    for _ in range(times - 1):
-        evidence = {k: c.evidence for k, c in judgement.members.items()}
-        judgement = compare(peers, before=evidence)
-    return judgement
+def decided(peers: dict[str, Peer], reference: Reference | None = None) -> Judgement[str]:
+    """Every round the members answered, counted once, then judged."""
+    test: Comparing[str] = Comparing(reference, salt=0)
+    test.count(peers, before=max((q for p in peers.values() for q in p.answers), default=0) + 1)
+    return test.judge(peers)
 
 
 @pytest.mark.parametrize(("configured", "reported", "whole", "expected"), [
@@ -122,79 +124,120 @@ def test_the_spread_of_a_burst_is_its_largest_difference() -> None:
 @pytest.mark.parametrize(("scores", "total", "decides"), [
     ([1.0] * 50, 0.0, False),  # within the noise, however many answers
     ([CAP * 3], CAP - ALLOWANCE, False),  # one answer never decides, however gross
-    ([CAP * 3] * 2, THRESHOLD, True),  # two gross answers do
-    ([5.0] * 3, 9.0, False),
-    ([5.0] * 4, THRESHOLD, True),  # five times the noise, four answers
-    ([5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 5.0], 3.0, False),  # answers within the noise wear the evidence down
+    ([CAP] * 2, 2 * (CAP - ALLOWANCE), False),
+    ([CAP] * 3, THRESHOLD, True),  # three gross answers in a row do
+    ([5.0] * 5, 17.5, False),
+    ([5.0] * 6, THRESHOLD, True),  # five times the noise, six answers
+    ([5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 5.0], 4.5, False),  # answers within the noise wear the evidence down
     ([3.0] * 12, THRESHOLD, True),  # a small difference that persists decides, later
-    ([float("nan"), 5.0], 3.0, False),  # nothing compared counts for nothing
 ])
 def test_the_sequential_test(scores: list[float], total: float, decides: bool) -> None:
-    evidence = Evidence()
+    evidence = Cusum()
     for each in scores:
         evidence = evidence.after(each)
     assert (evidence.total, evidence.decided) == (pytest.approx(total), decides)
-    assert evidence.answers == sum(1 for s in scores if not math.isnan(s))
+    assert evidence.answers == len(scores)
+
+
+def test_gross_answers_among_quiet_ones_decide() -> None:
+    evidence = Cusum()
+    for at in range(GROSS_WINDOW):
+        evidence = evidence.after(GROSS if at % (GROSS_WINDOW // GROSS_ROUNDS) == 0 else 0.0)
+        if evidence.decided:
+            break
+    assert evidence.decided and sum(evidence.gross) == GROSS_ROUNDS  # the sum alone would have worn each one down
+    fewer = Cusum()
+    for at in range(GROSS_WINDOW * 2):
+        fewer = fewer.after(GROSS if at % GROSS_WINDOW == 0 else 0.0)
+    assert not fewer.decided  # one gross answer per window is not enough
 
 
 def test_a_decision_holds_until_the_evidence_wears_down_to_nothing() -> None:
-    evidence = Evidence().after(CAP).after(CAP)
+    evidence = Cusum().after(CAP).after(CAP).after(CAP)
     assert evidence.decided
     for _ in range(int(THRESHOLD / ALLOWANCE) - 1):
         evidence = evidence.after(0.0)
         assert evidence.decided, evidence  # an answer within the noise does not undo it
     assert not evidence.after(0.0).decided  # a run of them does
-    assert not Evidence().after(5.0).after(5.0).after(5.0).decided  # below the threshold nothing was decided
 
 
-def test_a_score_is_the_difference_over_the_noise_never_below_the_margin() -> None:
-    assert score(Difference(0.2, 4), 0.05) == pytest.approx(4.0)
-    assert score(Difference(0.2, 4), 0.0) == pytest.approx(0.2 / MARGIN)
+def test_missed_rounds_lapse_and_an_answer_resumes() -> None:
+    evidence = Cusum().after(0.5)
+    for _ in range(MISSED - 1):
+        evidence = evidence.missing()
+    assert not evidence.lapsed
+    evidence = evidence.missing()
+    assert evidence.lapsed and evidence.answers == 1
+    assert not evidence.after(0.5).lapsed and evidence.after(float("nan")).missed == MISSED + 1
 
 
 def test_one_replica_off_the_majority_differs_and_the_others_agree() -> None:
-    off = OFF
-    judgement = decided(group(answer(), off, answer()), times=2)
+    judgement = decided(group(answer(), OFF, answer(), rounds=3))
     members = judgement.members
     assert (members["r1"].agreement, members["r1"].kind, members["r1"].held_against) == (False, ANSWERS, ("r0", "r2"))
     assert members["r0"].agreement is True and members["r2"].agreement is True
     assert (judgement.agreement, judgement.split) == (False, False)
-    assert members["r1"].detail.startswith("question 0: 0.525 nats from its nearest peers, 17.5 times")
-    assert decided(group(answer(), off, answer()), times=1).members["r1"].agreement is True  # one answer never decides
+    assert members["r1"].detail.startswith(f"round 2: 0.525 nats from its group, {0.525 / FLOOR:.1f} times")
+    assert decided(group(answer(), OFF, answer(), rounds=2)).members["r1"].agreement is True  # two never decide
 
 
-def test_within_the_measured_noise_replicas_agree() -> None:
-    off = answer((-0.1, -0.3, -0.4, -0.5))  # 0.075 per value
-    assert decided(group(answer(), off, answer(), noise=0.08), times=20).agreement is True
-    assert decided(group(answer(), off, answer(), noise=0.0), times=24).members["r1"].agreement is False  # 2.5 times
+def test_a_member_is_scored_against_its_group_not_against_its_own_noise() -> None:
+    # A bad member that is noisy too cannot raise the bar it is held to beyond NOISY times its group's noise.
+    peers = group(answer(), OFF, answer(), answer(), noise=0.0)
+    peers["r1"] = Peer(Q4KM, peers["r1"].answers, 10.0)
+    scored = score_round({k: p.answers[0] for k, p in peers.items()}, {k: p.noise for k, p in peers.items()}, seed=0)
+    assert scored["r1"].noise == pytest.approx(NOISY * FLOOR) and scored["r1"].noisy
+    assert scored["r1"].score == pytest.approx(0.525 / (NOISY * FLOOR))
+    assert not scored["r0"].noisy and scored["r0"].noise == pytest.approx(FLOOR)
 
 
-def test_a_pair_that_differs_is_held_to_the_gap_itself_and_splits() -> None:
-    off = OFF
-    pair = decided(group(answer(), off, noise=0.105), times=5)  # 5 times the noise: 3 an answer
+def test_a_busy_member_is_held_to_its_own_noise_within_bounds() -> None:
+    busy = answer((-0.1, -0.35, -0.45, -0.55))  # 0.1125 a value off, as a busy member's batching moves it
+    peers = group(answer(), busy, answer(), answer(), noise=0.01, rounds=60)
+    assert decided(peers).members["r1"].agreement is False  # 1.9 times the floor, answer after answer: it decides
+    peers["r1"] = Peer(Q4KM, peers["r1"].answers, 0.1)  # its copies part by 0.1: that is its load, not its weights
+    judged = decided(peers).members["r1"]
+    assert judged.agreement is True and not judged.noisy
+
+
+def test_a_pair_that_differs_splits_and_a_reference_names_the_odd_one() -> None:
+    pair = decided(group(answer(), OFF, rounds=3))
     assert {k: (c.agreement, c.held_against) for k, c in pair.members.items()} == {
         "r0": (False, ("r1",)), "r1": (False, ("r0",))}
     assert pair.split and pair.agreement is False
-    # The same gap in a trio decides for the odd one alone: in a pair it is not halved.
-    assert pair.members["r0"].evidence.last == decided(group(answer(), off, answer(), noise=0.105)).members["r1"].evidence.last
+    from specwatch.probe.peerprobe import prompt
+
+    reference = Reference({prompt(q, salt=0): answer() for q in range(3)})
+    held = decided(group(answer(), OFF, rounds=3), reference)
+    assert {k: c.agreement for k, c in held.members.items()} == {"r0": True, "r1": False}
+    assert not held.split and held.members["r1"].detail.startswith("round 2: 0.525 nats from the reference")
+
+
+def test_a_group_all_wrong_alike_is_caught_by_its_reference_alone() -> None:
+    from specwatch.probe.peerprobe import prompt
+
+    peers = group(OFF, OFF, OFF, rounds=3)
+    assert decided(peers).agreement is True
+    reference = Reference({prompt(q, salt=0): answer() for q in range(3)})
+    assert {c.agreement for c in decided(peers, reference).members.values()} == {False}
 
 
 def test_a_two_two_split_leaves_no_majority() -> None:
-    off = OFF
-    judgement = decided(group(answer(), answer(), off, off), times=2)
+    # Half the group off lifts what its members typically stand apart, but only to NOISY times the floor: it decides.
+    assert decided(group(answer(), answer(), OFF, OFF, rounds=3)).agreement is True
+    judgement = decided(group(answer(), answer(), OFF, OFF, rounds=30))
     assert judgement.split and all(c.agreement is False for c in judgement.members.values())
 
 
 def test_a_three_two_split_keeps_the_majority() -> None:
-    off = OFF
-    members = decided(group(answer(), answer(), answer(), off, off), times=2).members
+    members = decided(group(answer(), answer(), answer(), OFF, OFF, rounds=3)).members
     assert [members[f"r{i}"].agreement for i in range(5)] == [True, True, True, False, False]
     assert members["r3"].held_against == ("r0", "r1", "r2")
 
 
 def test_another_file_content_differs_at_once_and_a_deployment_only_shows() -> None:
     renamed = Fingerprint(**{**vars(Q4KM), "build": "b2", "file": "gemma-copy.gguf"})
-    members = compare(group(answer(), answer(), answer(), fingerprints=(Q4KM, Q40, renamed))).members
+    members = decided(group(answer(), answer(), answer(), fingerprints=(Q4KM, Q40, renamed))).members
     assert (members["r1"].agreement, members["r1"].kind, members["r1"].held_against) == (False, FINGERPRINT, ("r0", "r2"))
     assert members["r1"].detail == "ftype 'Q4_0', the group's 'Q4_K - Medium'"
     assert (members["r2"].agreement, members["r2"].kind) == (True, None)
@@ -203,36 +246,70 @@ def test_another_file_content_differs_at_once_and_a_deployment_only_shows() -> N
 
 def test_a_rolling_upgrade_at_half_of_a_pool_keeps_every_replica_agreeing() -> None:
     upgraded = Fingerprint(**{**vars(Q4KM), "build": "b2"})
-    members = compare(group(answer(), answer(), answer(), answer(), fingerprints=(Q4KM, upgraded) * 2)).members
+    members = decided(group(answer(), answer(), answer(), answer(), fingerprints=(Q4KM, upgraded) * 2)).members
     assert all(c.agreement is True for c in members.values())
     assert {c.deployment for c in members.values()} == {"build 'b1', the group's others", "build 'b2', the group's others"}
 
 
 def test_a_field_a_server_does_not_report_is_not_held_against_it() -> None:
     unknown = Fingerprint(build="b1", file="gemma-Q4_K_M.gguf")  # no /v1/models meta
-    assert compare(group(answer(), answer(), fingerprints=(Q4KM, unknown))).agreement is True
+    assert decided(group(answer(), answer(), fingerprints=(Q4KM, unknown))).agreement is True
 
 
-def test_no_question_is_judged_before_every_member_answered_it_and_had_its_noise_measured() -> None:
-    peers = group(answer(), OFF, answer())
-    peers["r2"] = Peer(Q4KM, {0: answer()}, {})  # its noise not measured yet
-    peers["r1"] = Peer(Q4KM, {q: a for q, a in peers["r1"].answers.items() if q != 1}, peers["r1"].noise)
-    judgement = compare(peers)
-    assert {k: c.evidence.answers for k, c in judgement.members.items()} == {"r0": 0, "r1": 0, "r2": 0}
+def test_no_member_agrees_before_a_round_of_its_was_counted() -> None:
+    peers = group(answer(), answer(), answer())
+    test: Comparing[str] = Comparing()
+    assert {c.agreement for c in test.judge(peers).members.values()} == {None}  # the same file is no proof
+    assert test.judge(peers).members["r0"].detail == "no answer counted yet"
+    test.count(peers, before=0)  # round 0 is not over
+    assert {c.agreement for c in test.judge(peers).members.values()} == {None}
 
 
-def test_each_fresh_answer_counts_once_however_often_the_group_is_compared() -> None:
-    peers = group(answer(), OFF, answer())
-    first = compare(peers, fresh={"r1": {0}})
-    assert first.members["r1"].evidence.answers == 1
-    again = compare(peers, before={k: c.evidence for k, c in first.members.items()}, fresh={})
-    assert again.members["r1"].evidence == first.members["r1"].evidence
+def test_each_round_counts_once_however_often_the_group_is_compared() -> None:
+    peers = group(answer(), OFF, answer(), rounds=2)
+    test: Comparing[str] = Comparing()
+    assert test.count(peers, before=2) == 2
+    once = test.evidence["r1"]
+    assert test.count(peers, before=2) == 0 and test.evidence["r1"] == once and once.answers == 2
+
+
+def test_a_member_that_stops_answering_becomes_unknown_never_agrees() -> None:
+    peers = group(answer(), answer(), answer(), rounds=2)
+    test: Comparing[str] = Comparing()
+    test.count(peers, before=2)
+    assert test.judge(peers).members["r2"].agreement is True
+    for q in range(2, 2 + MISSED):
+        peers = {k: Peer(p.fingerprint, {**p.answers, **({q: answer()} if k != "r2" else {})}) for k, p in peers.items()}
+        test.count(peers, before=q + 1)
+    stopped = test.judge(peers).members["r2"]
+    assert stopped.agreement is None and stopped.detail.startswith(f"unknown: it did not answer the last {MISSED}")
+    assert test.judge(peers).members["r0"].agreement is True
 
 
 def test_members_with_nothing_to_compare_say_nothing() -> None:
-    judgement = compare({"a": Peer(), "b": Peer(Q4KM), "c": Peer(None, {0: answer()}, {0: 0.0})})
+    judgement = decided({"a": Peer(), "b": Peer(Q4KM), "c": Peer(None, {0: answer()})})
     assert {k: c.agreement for k, c in judgement.members.items()} == {"a": None, "b": None, "c": None}
     assert judgement.agreement is None
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 16, 66, 1000])
+def test_any_group_size_scores_every_member(size: int) -> None:
+    import random
+
+    draw = random.Random(size)
+
+    def noisy(shift: float) -> Logprobs:
+        return answer(tuple(v - shift + draw.gauss(0, 0.03) for v in VALUES))  # no two answers alike
+
+    test: Comparing[str] = Comparing()
+    for q in range(6):
+        peers = {f"r{i}": Peer(Q4KM, {q: noisy(1.0 if i == 0 else 0.0)}, 0.03) for i in range(size)}
+        test.count(peers, before=q + 1)
+    members = test.judge(peers).members
+    assert all(c.evidence.answers == 6 for c in members.values())
+    assert members["r0"].agreement is False
+    if size > 2:
+        assert [k for k, c in members.items() if c.agreement is not True] == ["r0"]
 
 
 def test_many_alike_replicas_cost_their_distinct_answers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -247,11 +324,11 @@ def test_many_alike_replicas_cost_their_distinct_answers(monkeypatch: pytest.Mon
         return real(a, b)
 
     monkeypatch.setattr(module, "difference", counted)
-    peers = {f"r{i}": Peer(Q4KM, {0: answer()}, {0: 0.0}) for i in range(500)}
-    peers["odd"] = Peer(Q4KM, {0: OFF}, {0: 0.0})
-    judgement = compare(peers)
-    assert calls == 2  # the two distinct answers, each against the other
-    assert judgement.members["odd"].evidence.last == pytest.approx(17.5)
+    peers = {f"r{i}": Peer(Q4KM, {0: answer()}) for i in range(500)}
+    peers["odd"] = Peer(Q4KM, {0: OFF})
+    judgement = decided(peers)
+    assert calls == 1  # the two distinct answers, once
+    assert judgement.members["odd"].evidence.last == pytest.approx(0.525 / FLOOR)
     assert judgement.members["r0"].evidence.last == 0.0
 
 
@@ -268,13 +345,13 @@ def test_the_peer_probe_reads_an_answer_and_what_model_gave_it() -> None:
 
 
 def test_the_verdicts_document_shows_a_standing() -> None:
-    off = OFF
-    members = decided(group(answer(), off, noise=0.105), times=5).members
+    members = decided(group(answer(), OFF, rounds=3)).members
     shown = peers_entry(Standing("gemma", members["r1"], False, True))
     assert (shown.agreement, shown.kind, shown.held_against, shown.evidence, shown.split) == (
         False, ANSWERS, ["r0"], 1.0, True)
-    pending = peers_entry(Standing("gemma", compare(group(answer(), off, noise=0.105)).members["r1"], True, False))
-    assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.25)
+    off = answer((-0.1, -0.3, -0.4, -0.5))  # 0.075 a value: 1.25 times the floor, wearing nothing down
+    pending = peers_entry(Standing("gemma", decided(group(answer(), off, answer(), answer())).members["r1"], True, False))
+    assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.0)
 
 
 def test_the_verdicts_document_reads_back_a_peers_object() -> None:
@@ -286,7 +363,7 @@ def test_the_verdicts_document_reads_back_a_peers_object() -> None:
              "poll_age_seconds": 1.0, "max_age_seconds": 9.0, "max_poll_age_seconds": 9.0, "fresh": True,
              "peers": {"group": "gemma", "agreement": False, "kind": "fingerprint", "held_against": ["b", "c"],
                        "evidence": 0.0, "group_agreement": False, "split": False,
-                       "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": ""}}
+                       "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": "", "noisy": False}}
     document = {"specwatch": "0.5", "generated_at": 0.0, "poll_interval_seconds": 15.0, "canary_interval_seconds": 60.0,
                 "verdicts": [], "servers": [{"server": "a", "url": "http://a:1", "labels": {}, "router": False, "up": True,
                                              "models": [model]}]}

@@ -1,17 +1,21 @@
-"""What a model answered to the peer probe in its current process: the latest answer to each question, and the batching
-noise measured on it per question."""
+"""What a model answered to the peer probe in its current process: its latest rounds' answers, and its own noise."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from ..probe.logprobs import Logprobs
-from ..probe.peerprobe import QUESTIONS
 from ..reasons import Reason
 
 _EMPTY: Mapping = MappingProxyType({})
+KEEP = 4
+"""Rounds whose answers a member keeps: its group counts a round once the next one is over, so two would do; the rest
+are slack for a comparison that runs late."""
+NOISE_SAMPLES = 16
+"""The member's own noise is the median of its last this many measurements: learnt continuously, under its real load."""
 
 
 @dataclass(frozen=True)
@@ -19,46 +23,32 @@ class PeerAnswers:
     """A model's answers to the peer probe: cleared when its process changes, counters kept (they are Prometheus')."""
 
     answers: Mapping[int, Logprobs] = field(default_factory=lambda: _EMPTY)
-    """The latest answer to each question, by its index in peerprobe.QUESTIONS."""
-    noise: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
-    """The spread of the answers it gave one question asked several times at once (0 with one slot), per question: the
-    largest any burst of this process measured."""
-    burst_at: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
-    """Unix time each question was last asked in a burst."""
+    """Its answer to each of its last KEEP rounds, by round."""
+    spreads: tuple[float, ...] = ()
+    """How far the copies of one round's prompt asked at once parted, for its last NOISE_SAMPLES rounds that asked
+    copies (none for a server of one slot, which never batches)."""
     asked_at: float | None = None
     """Unix time the last peer probe began."""
+    asked_round: int | None = None
+    """The round the last peer probe asked."""
     failure: str | None = None
     """Why the last peer probe failed, as "reason: detail"; None after a success."""
     outcomes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    """Peer probes that succeeded ("success") and failed ("failure"), each copy of a burst counted."""
+    """Peer probes that succeeded ("success") and failed ("failure"), each copy counted."""
     failures: Mapping[Reason, int] = field(default_factory=lambda: _EMPTY)
 
-    def due(self) -> list[int]:
-        """The questions not answered yet in this process, in order."""
-        return [q for q in range(len(QUESTIONS)) if q not in self.answers or q not in self.noise]
+    @property
+    def noise(self) -> float | None:
+        """Its own noise: the median spread of its recent copies; None until measured."""
+        return statistics.median(self.spreads) if self.spreads else None
 
-    def next_question(self) -> int:
-        """The first question not answered yet, else the one answered longest ago (the rotation's next)."""
-        due = self.due()
-        return due[0] if due else next(iter(self.answers))
-
-    def burst_due(self, question: int, now: float, *, again_after: float) -> bool:
-        """Whether `question` is to be asked in a burst: never measured in this process, or measured as no noise at all
-        longer ago than `again_after` (a busy server's slots were full then; another time they may not be)."""
-        if question not in self.noise:
-            return True
-        return self.noise[question] == 0.0 and now - self.burst_at.get(question, now) >= again_after
-
-    def answered(self, question: int, answer: Logprobs, noise: float | None, *, copies: int = 1,
-                 now: float = 0.0) -> PeerAnswers:
-        """After an answer to `question` (and, with `noise`, the spread a burst of `copies` measured at `now`)."""
+    def answered(self, question: int, answer: Logprobs, spread: float | None, *, copies: int = 1) -> PeerAnswers:
+        """After an answer to round `question` (with `spread`, how far its copies parted)."""
         answers = {q: a for q, a in self.answers.items() if q != question}
-        answers[question] = answer  # last in the mapping: the rotation asks the others first
-        noises, at = self.noise, self.burst_at
-        if noise is not None:
-            noises = MappingProxyType({**self.noise, question: max(noise, self.noise.get(question, 0.0))})
-            at = MappingProxyType({**self.burst_at, question: now})
-        return replace(self, answers=MappingProxyType(answers), noise=noises, burst_at=at, failure=None,
+        answers[question] = answer
+        kept = dict(sorted(answers.items())[-KEEP:])
+        spreads = self.spreads if spread is None else (*self.spreads, spread)[-NOISE_SAMPLES:]
+        return replace(self, answers=MappingProxyType(kept), spreads=spreads, failure=None,
                        outcomes=_bumped(self.outcomes, "success", copies))
 
     def failed(self, reason: Reason, detail: str) -> PeerAnswers:

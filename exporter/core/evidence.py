@@ -1,5 +1,5 @@
-"""How far two answers to one question are apart, the noise that distance has between replicas of one model, and the
-sequential test that turns a replica's differences, answer after answer, into evidence.
+"""How far two answers to one question are apart, how far a member stands from its group on one question, and the
+sequential test that turns a member's standing, answer after answer, into evidence.
 
 The difference of two answers is the mean absolute difference of the values they share: the logprob of each token
 both generated alike, and, where their texts part, the change in log-odds between the two chosen tokens (each answer
@@ -7,11 +7,11 @@ gives the other's token its value among its alternatives). A near-tie that batch
 little; a replica that is sure of another token moves it by much. Nothing after the parting is compared: the
 contexts differ from there.
 
-The noise is measured on the group itself: a member asked one question several times at once (its slots then decode
-in one batch) answers it as it does under load, and the spread of those answers is the batching noise of its model,
-build and hardware. A member's score is its difference over the group's noise; the test is a CUSUM of scores: each
-answer adds its score, capped so that one answer never decides, less an allowance, so that answers within the noise
-wear the sum back down. It decides once the sum reaches the threshold.
+A member's score on one question is its distance to the group over the noise that distance has there (core/peers.py
+says how both are measured); the test is a CUSUM of scores: each answer adds its score, capped, less an allowance, so
+that answers within the noise wear the sum back down. It decides once the sum reaches the threshold, or once GROSS_ROUNDS
+of the last GROSS_WINDOW answers were gross: a member that differs much on some prompts and not on others is decided
+too.
 """
 
 from __future__ import annotations
@@ -21,18 +21,25 @@ from dataclasses import dataclass
 
 from ..probe.logprobs import Logprobs
 
-ALLOWANCE = 2.0
-"""What each answer takes off the sum: an answer must differ by more than twice the noise to add to it."""
+FLOOR = 0.06
+"""The least noise (nats per value compared) a member's score is taken against, whatever its group measured: replicas
+of one model that differ in how they were deployed (another build, a q8_0 KV cache, another thread count) answer a
+little apart without batching at all; on Gemma 3 270M those differences ran up to about 0.05 (bench/README.md)."""
+ALLOWANCE = 1.5
+"""What each answer takes off the sum: an answer must stand more than 1.5 times the noise off its group to add to it."""
 CAP = 8.0
-"""The most one answer adds (its score, capped): a gross difference decides in two answers, never in one."""
-THRESHOLD = 12.0
-"""The sum at which the test decides that a replica differs."""
-MARGIN = 0.03
-"""The least noise (in nats per value compared) a group is given, when its bursts measured less: a guard for a group
-whose servers' slots were full at every burst, or that speculates (a drafting server verifies in batches) with one slot.
-On Gemma 3 270M the batching noise measured 0.015 to 0.066; with a margin of half the largest, a pool whose bursts
-caught nothing reported no healthy replica, and changes of 0.03 nats or more to an eval's number were still reported
-as fast (bench/README.md, Replicas of a real model)."""
+"""The most one answer adds (its score, capped): a gross difference decides in three answers, never in one."""
+THRESHOLD = 18.0
+"""The sum at which the test decides that a member differs."""
+GROSS = 8.0
+"""A score this large is gross: far beyond any noise its group showed on that question."""
+GROSS_ROUNDS, GROSS_WINDOW = 3, 24
+"""GROSS_ROUNDS gross answers among a member's last GROSS_WINDOW decide, whatever the answers between them added."""
+NOISY = 4.0
+"""A member whose own noise stands this many times over its group's is reported as noisy, and is held to its group's
+noise times this at most: a member noisy beyond that (a bad member among them) cannot raise the bar it is held to."""
+MISSED = 3
+"""Questions its group answered and a member did not, in a row, after which its standing is unknown, never "agrees"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,17 +100,12 @@ def _odds(answer: Logprobs, index: int, chosen: str, other: str) -> float | None
 
 
 def spread(answers: list[Logprobs]) -> float:
-    """The largest difference between any two of one member's answers to one question: its batching noise there."""
+    """The largest difference between any two of one member's answers to one question: its noise there."""
     return max((difference(x, y).mean for i, x in enumerate(answers) for y in answers[i + 1:]), default=0.0)
 
 
-def score(found: Difference, noise: float) -> float:
-    """A difference in units of the group's noise on that question (never below the margin)."""
-    return found.mean / max(noise, MARGIN)
-
-
 @dataclass(frozen=True, slots=True)
-class Evidence:
+class Cusum:
     """A member's evidence that it answers unlike its group: the CUSUM of its scores, answer after answer."""
 
     total: float = 0.0
@@ -111,17 +113,34 @@ class Evidence:
     """The answers counted since its process began."""
     last: float | None = None
     """The score of the last answer counted."""
+    gross: tuple[bool, ...] = ()
+    """Whether each of its last GROSS_WINDOW answers was gross, the latest last."""
+    missed: int = 0
+    """Questions in a row its group answered and it did not (or answered with nothing to compare)."""
     decided: bool = False
-    """The replica differs: the sum reached the threshold, and has not worn down to nothing since (an answer or two
-    within the noise do not undo a decision; THRESHOLD / ALLOWANCE of them in a row do)."""
+    """The member differs: the sum reached the threshold (or GROSS_ROUNDS of its last answers were gross), and has not
+    worn down to nothing since (an answer or two within the noise do not undo a decision; THRESHOLD / ALLOWANCE of them
+    in a row do)."""
 
-    def after(self, answer_score: float) -> Evidence:
+    def after(self, score: float) -> Cusum:
         """This evidence with one more answer's score counted (kept within 0 and the threshold)."""
-        if math.isnan(answer_score):
-            return self
-        total = min(THRESHOLD, max(0.0, self.total + min(answer_score, CAP) - ALLOWANCE))
+        if math.isnan(score):
+            return self.missing()
+        total = min(THRESHOLD, max(0.0, self.total + min(score, CAP) - ALLOWANCE))
+        gross = (*self.gross, score >= GROSS)[-GROSS_WINDOW:]
+        if score >= GROSS and sum(gross) >= GROSS_ROUNDS:
+            total = THRESHOLD  # then worn down as any decision is: a gross answer long ago does not hold it
         decided = total >= THRESHOLD or (self.decided and total > 0.0)
-        return Evidence(total, self.answers + 1, answer_score, decided)
+        return Cusum(total, self.answers + 1, score, gross, 0, decided)
+
+    def missing(self) -> Cusum:
+        """This evidence after a question its group answered and it did not."""
+        return Cusum(self.total, self.answers, self.last, self.gross, self.missed + 1, self.decided)
+
+    @property
+    def lapsed(self) -> bool:
+        """It stopped answering: MISSED questions in a row went without it."""
+        return self.missed >= MISSED
 
     @property
     def share(self) -> float:

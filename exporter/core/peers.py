@@ -2,30 +2,40 @@
 
 A model file's content (quantization, size, shape) counts at once: another file is another model. How it was deployed
 (the llama.cpp build, the file's name) is shown and never counts: a rolling upgrade or a renamed file changes no answer.
-Answers to the peer probe count through the sequential test of core/evidence.py. A member's difference is taken to
-its floor(n/2)-th nearest member (n members answering): a member of a majority has that many within the noise, one off
-it has not; in a pair each side's difference is the gap itself, and a split leaves every member off a majority.
+
+Answers count round by round, every member having been asked one prompt: a member's distance to its group on that round
+is the lower median of its differences to up to SAMPLE other members (a member of a majority is near half of them at
+least, one off it is not), and its noise there is the larger of the distance its other members typically stand at on
+that round (their lower median, never its own) and its own noise (how far copies of one prompt asked at once parted,
+under its load), either at most NOISY times its group's noise (the other members' own, at least FLOOR). The score, distance over noise, counts through the
+sequential test of core/evidence.py. A group with a reference file is held to it instead: each member's difference to
+the reference's answer, which names the odd member of a pair and catches a group that is all wrong alike. Any group
+size costs each member SAMPLE differences a round.
 """
 
 from __future__ import annotations
 
+import bisect
+import random
 from collections import Counter
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import PurePath
 from typing import Generic, TypeVar
 
 from ..probe.llama import META_FIELDS
 from ..probe.logprobs import Logprobs
-from ..probe.peerprobe import QUESTIONS
-from .evidence import MARGIN, Difference, Evidence, difference, score
+from ..probe.peerprobe import prompt
+from .evidence import FLOOR, NOISY, Cusum, Difference, difference
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
 FINGERPRINT, ANSWERS = "fingerprint", "answers"
 """What a disagreement rests on: the model file's content, at once; or the answers, once the test decides."""
-REFERENCES = 32
-"""A large group's members are compared with its most common answers, this many at most: a group costs its size."""
+SAMPLE = 16
+"""The other members each member is held against on one round, drawn anew each round: a group of 1,000 costs 16,000
+differences a round, not a million."""
 
 K = TypeVar("K", bound=Hashable)
 
@@ -73,12 +83,12 @@ assert CONTENT_FIELDS == META_FIELDS, "the fingerprint's content is what /v1/mod
 
 @dataclass(frozen=True)
 class Peer:
-    """One member of a group as a comparison sees it: its fingerprint, its answers to the peer probe's questions (the
-    latest of each), and the batching noise measured on it per question."""
+    """One member of a group as a comparison sees it: its fingerprint, its answers by round, and its own noise."""
 
     fingerprint: Fingerprint | None = None
     answers: Mapping[int, Logprobs] = field(default_factory=dict)
-    noise: Mapping[int, float] = field(default_factory=dict)
+    noise: float | None = None
+    """How far copies of one prompt asked at once part on it, typically (PeerAnswers.noise); None until measured."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +102,13 @@ class Comparison(Generic[K]):
     """FINGERPRINT or ANSWERS when it disagrees."""
     held_against: tuple[K, ...] = ()
     """The members it is held against: those nearest it, or every other one in a group without a majority."""
-    evidence: Evidence = field(default_factory=Evidence)
+    evidence: Cusum = field(default_factory=Cusum)
     detail: str = ""
-    """What the last comparison found: the disagreement, or the evidence so far."""
+    """What the last comparison found: the disagreement, the evidence so far, or why it stands unknown."""
     deployment: str = ""
     """How its deployment differs from the group's (build, file name): shown, never counted."""
+    noisy: bool = False
+    """Its own noise stands NOISY times or more over its group's: reported, and never raising the bar it is held to."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +116,6 @@ class Judgement(Generic[K]):
     """A group compared: each member's standing, and the group's."""
 
     members: dict[K, Comparison[K]]
-    counted: dict[K, set[int]] = field(default_factory=dict)
-    """The questions whose answer each member had counted in this comparison: a caller marks those seen, and only those
-    (an answer to a question not every member has answered yet waits, fresh, for the comparison that counts it)."""
 
     @property
     def agreement(self) -> bool | None:
@@ -133,13 +142,20 @@ class Standing:
     """No majority: every member compared differs (Judgement.split)."""
 
 
-def fresh(peer: Peer, seen: Mapping[int, Logprobs]) -> set[int]:
-    """The questions whose answer `peer` holds that a comparison that saw `seen` did not (told by identity: two answers
-    alike are still two answers)."""
-    return {q for q, a in peer.answers.items() if seen.get(q) is not a}
+@dataclass(frozen=True)
+class Scored:
+    """One member's answer to one round against its group's."""
+
+    score: float
+    """Its distance over its noise."""
+    distance: float
+    noise: float
+    parted: int | None = None
+    """Where its text parts from the answer it was nearest, if it does."""
+    noisy: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Found(Generic[K]):
     against: set[K]
     detail: str
@@ -171,116 +187,186 @@ def _fields(peers: Mapping[K, Peer], names: tuple[str, ...]) -> tuple[dict[K, _F
     return found, compared
 
 
-def _distinct(answers: Mapping[K, Logprobs]) -> list[tuple[Logprobs, list[K]]]:
-    """The group's answers, alike ones together, the most common first."""
-    seen: dict[tuple[object, ...], tuple[Logprobs, list[K]]] = {}
-    for k, answer in answers.items():
-        key = (answer.texts, answer.values.tobytes(), answer.alternative_values.tobytes())
-        held = seen.get(key)
-        if held is None:
-            seen[key] = (answer, [k])
-        else:
-            held[1].append(k)
-    return sorted(seen.values(), key=lambda held: -len(held[1]))
+def _lower_median(values: list[float]) -> float:
+    """The middle value, the lower of the two middle ones for an even count: a minority above it cannot move it."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
 
 
-def _ranked(answers: Mapping[K, Logprobs]) -> dict[K, list[tuple[Difference, list[K]]]]:
-    """For each member, the other members by their answer's difference to its own, nearest first (alike answers at no
-    distance); a large group's members are held to its REFERENCES most common answers."""
-    groups = _distinct(answers)
-    references = groups[:REFERENCES]
-    found: dict[K, list[tuple[Difference, list[K]]]] = {}
-    for mine, members in groups:
-        ranked: list[tuple[Difference, list[K]]] = [(Difference(0.0, len(mine)), members)]
-        for theirs, others in references:
-            if theirs is not mine:
-                apart = difference(mine, theirs)
-                if not apart.nothing:
-                    ranked.append((apart, others))
-        ranked.sort(key=lambda entry: entry[0].mean)
-        for k in members:
-            found[k] = [(apart, [o for o in others if o != k]) for apart, others in ranked]
-    return found
+class _LeaveOneOut(Generic[K]):
+    """The lower median of a value over the members, each member's own left out."""
+
+    def __init__(self, values: Mapping[K, float]) -> None:
+        self._sorted = sorted(values.values())
+        self._values = values
+
+    def without(self, k: K) -> float | None:
+        count = len(self._sorted) - (k in self._values)
+        if count <= 0:
+            return None
+        index = (count - 1) // 2
+        if k not in self._values:
+            return self._sorted[index]
+        at = bisect.bisect_left(self._sorted, self._values[k])
+        return self._sorted[index] if index < at else self._sorted[index + 1]
 
 
-def _nth(ranked: list[tuple[Difference, list[K]]], rank: int) -> Difference | None:
-    """The difference to the rank-th nearest other member; None with fewer others to compare with."""
-    counted = 0
-    for apart, others in ranked:
-        counted += len(others)
-        if counted >= rank:
-            return apart
-    return None
+def score_round(answers: Mapping[K, Logprobs], noise: Mapping[K, float | None], *, seed: int,
+                reference: Logprobs | None = None) -> dict[K, Scored]:
+    """Each member's score on one round (see the module's docstring); a member with nothing to compare is left out."""
+    keys = sorted(answers, key=str)
+    if len(keys) < 2 and reference is None:
+        return {}
+    distinct: dict[tuple[object, ...], int] = {}
+    shapes: list[Logprobs] = []
+    index_of: dict[K, int] = {}
+    for k in keys:
+        answer = answers[k]
+        shape = (answer.texts, answer.values.tobytes(), answer.alternative_values.tobytes())
+        if shape not in distinct:
+            distinct[shape] = len(shapes)
+            shapes.append(answer)
+        index_of[k] = distinct[shape]
+    cache: dict[tuple[int, int], Difference] = {}
+
+    def apart(a: int, b: int) -> Difference:
+        pair = (a, b) if a <= b else (b, a)
+        found = cache.get(pair)
+        if found is None:
+            found = Difference(0.0, len(shapes[a])) if a == b else difference(shapes[pair[0]], shapes[pair[1]])
+            cache[pair] = found
+        return found
+
+    distance: dict[K, float] = {}
+    parted: dict[K, int | None] = {}
+    if reference is not None:
+        for k in keys:
+            found = difference(answers[k], reference)
+            if not found.nothing:
+                distance[k], parted[k] = found.mean, found.parted
+    else:
+        draw = random.Random(seed)
+        for i, k in enumerate(keys):
+            others = len(keys) - 1
+            picks = range(others) if others <= SAMPLE else draw.sample(range(others), SAMPLE)
+            found_near = [apart(index_of[k], index_of[keys[j + (j >= i)]]) for j in picks]
+            known = sorted((d for d in found_near if not d.nothing), key=lambda d: d.mean)
+            if known:
+                middle = known[(len(known) - 1) // 2]
+                distance[k], parted[k] = middle.mean, middle.parted
+    typical = _LeaveOneOut({k: d for k, d in distance.items()}) if reference is None and len(distance) >= 3 else None
+    own = {k: n for k, n in noise.items() if n is not None and k in answers}
+    theirs = _LeaveOneOut(own)
+    scored: dict[K, Scored] = {}
+    for k, d in distance.items():
+        group = max(FLOOR, theirs.without(k) or 0.0)
+        mine = own.get(k, 0.0)
+        within = (typical.without(k) if typical is not None else None) or 0.0
+        # Neither what a round's members typically stand apart nor a member's own noise counts beyond NOISY times the
+        # group's batching noise: a group split in halves, or a noisy bad member, must not lift the bar out of reach.
+        scale = max(group, min(max(within, mine), NOISY * group))
+        scored[k] = Scored(d / scale, d, scale, parted.get(k), mine >= NOISY * group)
+    return scored
 
 
-def _question(peers: Mapping[K, Peer], question: int) -> dict[K, Logprobs] | None:
-    """Every member's answer to `question`; None until each member that answers (it is polled and loaded) has answered
-    it and had its noise measured: a group is never judged by part of it."""
-    answering = {k: p for k, p in peers.items() if p.fingerprint is not None}
-    if len(answering) < 2 or any(question not in p.answers or question not in p.noise for p in answering.values()):
-        return None
-    return {k: p.answers[question] for k, p in answering.items()}
+class Comparing(Generic[K]):
+    """One group's test across rounds, the daemon's and check's alike: each round counted once, each member's evidence."""
 
+    def __init__(self, reference: Reference | None = None, *, salt: int | None = None) -> None:
+        self.reference = reference
+        self.salt = salt
+        """The draw of prompts its rounds asked (peerprobe.prompt): this process's unless told."""
+        self.evidence: dict[K, Cusum] = {}
+        self.through: int | None = None
+        """The last round counted."""
+        self._said: dict[K, str] = {}
+        self._noisy: dict[K, bool] = {}
 
-def noise_of(peers: Mapping[K, Peer], nearest: list[float]) -> float:
-    """The group's noise on one question: the largest spread a burst measured on any member, on any question (how far
-    one server's answers move with its batch), or, in a group of three or more, how far its members typically stand
-    from their nearest peer (a minority that differs cannot move that median), whichever is larger."""
-    bursts = max((spread for peer in peers.values() for spread in peer.noise.values()), default=0.0)
-    within = sorted(nearest)[len(nearest) // 2] if len(nearest) >= 3 else 0.0
-    return max(bursts, within)
+    def forget(self, member: K) -> None:
+        """A member left, or its process changed: its evidence is its old process's."""
+        self.evidence.pop(member, None)
+        self._said.pop(member, None)
+        self._noisy.pop(member, None)
 
+    def count(self, peers: Mapping[K, Peer], before: int) -> int:
+        """Count every round before `before` that some member answered and none counted yet, in order; how many."""
+        rounds = sorted({q for p in peers.values() for q in p.answers
+                         if q < before and (self.through is None or q > self.through)})
+        for question in rounds:
+            self._count(peers, question)
+            self.through = question
+        return len(rounds)
 
-def compare(
-    peers: Mapping[K, Peer], *, before: Mapping[K, Evidence] | None = None,
-    fresh: Mapping[K, Collection[int]] | None = None,
-) -> Judgement[K]:
-    """Every member of one group against the others: the file's content first, then each question's answers.
-
-    `before` is each member's evidence from the last comparison, `fresh` the questions each member answered since
-    (None: every answer is fresh). Each fresh answer is counted once, however often the group is compared meanwhile.
-    """
-    found, compared = _fields(peers, CONTENT_FIELDS)
-    shown, _ = _fields(peers, DEPLOYMENT_FIELDS)
-    evidence = {k: (before or {}).get(k, Evidence()) for k in peers}
-    said: dict[K, str] = {}
-    counted: dict[K, set[int]] = {}
-    for question in range(len(QUESTIONS)):
-        answers = _question(peers, question)
-        if answers is None:
-            continue
-        compared.update(answers)
-        ranked = _ranked(answers)
-        nearest = [first.mean for first in (_nth(r, 1) for r in ranked.values()) if first is not None]
-        noise = noise_of({k: peers[k] for k in answers}, nearest)
-        rank = len(answers) // 2
-        for k in answers:
-            if fresh is not None and question not in fresh.get(k, ()):
+    def _count(self, peers: Mapping[K, Peer], question: int) -> None:
+        answering = {k: p for k, p in peers.items() if p.fingerprint is not None}
+        answers = {k: p.answers[question] for k, p in answering.items() if question in p.answers}
+        reference = None
+        if self.reference is not None:
+            reference = self.reference.answers.get(prompt(question, salt=self.salt, among=self.reference.prompts))
+        if self.reference is not None and reference is None:
+            return  # a round the reference did not record says nothing against it
+        scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference)
+        if not scored:
+            return
+        against = "the reference" if reference is not None else "its group"
+        for k in answering:
+            before = self.evidence.get(k, Cusum())
+            found = scored.get(k)
+            if found is None:
+                self.evidence[k] = before.missing()
                 continue
-            counted.setdefault(k, set()).add(question)
-            apart = _nth(ranked[k], rank)
-            if apart is None:
-                continue
-            evidence[k] = evidence[k].after(score(apart, noise))
-            parted = f", parting at token {apart.parted}" if apart.parted is not None else ""
-            said[k] = (f"question {question}: {apart.mean:.3f} nats from its nearest peers{parted}, "
-                       f"{score(apart, noise):.1f} times the group's noise ({max(noise, MARGIN):.3f})")
-    differ = {k for k in compared if k in found or evidence[k].decided}
-    agree = compared - differ
-    results: dict[K, Comparison[K]] = {}
-    for k in peers:
-        deployment = shown[k].detail if k in shown else ""
-        if k in found:
-            results[k] = Comparison(False, FINGERPRINT, _sorted(found[k].against), evidence[k], found[k].detail, deployment)
-        elif k not in compared:
-            results[k] = Comparison(None, deployment=deployment)
-        elif k in differ:
-            # Held against the members that agree; in a group without a majority, against every other one.
-            against = agree or (compared - {k})
-            results[k] = Comparison(False, ANSWERS, _sorted(against), evidence[k], said.get(k, ""), deployment)
-        else:
-            results[k] = Comparison(True, evidence=evidence[k], detail=said.get(k, ""), deployment=deployment)
-    return Judgement(results, counted)
+            self.evidence[k] = before.after(found.score)
+            self._noisy[k] = found.noisy
+            parting = f", parting at token {found.parted}" if found.parted is not None else ""
+            self._said[k] = (f"round {question}: {found.distance:.3f} nats from {against}{parting}, "
+                             f"{found.score:.1f} times the noise ({found.noise:.3f})")
+
+    def judge(self, peers: Mapping[K, Peer]) -> Judgement[K]:
+        """Each member's standing now: the file's content first, then the evidence its answers gave."""
+        found, compared = _fields(peers, CONTENT_FIELDS)
+        shown, _ = _fields(peers, DEPLOYMENT_FIELDS)
+        answering = {k for k, p in peers.items() if p.fingerprint is not None}
+        if len(answering) >= 2 or (answering and self.reference is not None):
+            compared |= answering
+        differ = {k for k in compared if k in found or self.evidence.get(k, Cusum()).decided}
+        agree = compared - differ
+        results: dict[K, Comparison[K]] = {}
+        for k in peers:
+            deployment = shown[k].detail if k in shown else ""
+            evidence = self.evidence.get(k, Cusum())
+            noisy = self._noisy.get(k, False)
+            said = self._said.get(k, "")
+            if k in found:
+                results[k] = Comparison(False, FINGERPRINT, _sorted(found[k].against), evidence, found[k].detail,
+                                        deployment, noisy)
+            elif k not in compared:
+                results[k] = Comparison(None, deployment=deployment)
+            elif k in differ:
+                # Held against the members that agree; in a group without a majority, against every other one.
+                against = agree or (compared - {k})
+                results[k] = Comparison(False, ANSWERS, _sorted(against), evidence, said, deployment, noisy)
+            elif evidence.answers == 0:
+                results[k] = Comparison(None, evidence=evidence, detail="no answer counted yet", deployment=deployment)
+            elif evidence.lapsed:
+                results[k] = Comparison(None, evidence=evidence, deployment=deployment, noisy=noisy,
+                                        detail=f"unknown: it did not answer the last {evidence.missed} rounds its "
+                                               f"group answered")
+            else:
+                results[k] = Comparison(True, evidence=evidence, detail=said, deployment=deployment, noisy=noisy)
+        return Judgement(results)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A trusted server's answers to the peer probe's pool prompts (a reference file read): a group is held to them."""
+
+    answers: Mapping[int, Logprobs]
+    """Its answer to each pool prompt it recorded, by the prompt's index."""
+
+    @cached_property
+    def prompts(self) -> tuple[int, ...]:
+        """The pool prompts it recorded: a group held to it is asked only those."""
+        return tuple(sorted(self.answers))
 
 
 def _sorted(members: Collection[K]) -> tuple[K, ...]:

@@ -106,7 +106,7 @@ class PeersEntry:
     group: str
     agreement: bool | None
     """False once it differs (its file's content at once, its answers once the test decides); None with nothing to
-    compare it with yet."""
+    compare it with yet, no answer counted yet, or while it does not answer the rounds its group answers."""
     kind: str | None = None
     """"fingerprint" or "answers" when it differs."""
     held_against: list[str] = field(default_factory=list)
@@ -120,6 +120,8 @@ class PeersEntry:
     detail: str = ""
     deployment: str = ""
     """How its deployment (build, file name) differs from the group's: shown, never counted."""
+    noisy: bool = False
+    """Its own noise stands far over its group's (core.evidence.NOISY): a server to look at, whatever its agreement."""
 
 
 def peers_entry(standing: Standing) -> PeersEntry:
@@ -131,7 +133,7 @@ def peers_entry(standing: Standing) -> PeersEntry:
         held_against=list(comparison.held_against) if differs else [],
         evidence=None if comparison.agreement is None else round(comparison.evidence.share, 3),
         group_agreement=standing.group_agreement, split=standing.split, detail=comparison.detail,
-        deployment=comparison.deployment,
+        deployment=comparison.deployment, noisy=comparison.noisy,
     )
 
 

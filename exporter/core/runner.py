@@ -32,9 +32,6 @@ class PollProbe(Protocol):
     ) -> Awaitable[probes.ServerPoll]: ...
 
 
-REBURST_SECONDS = 900.0
-"""A question whose burst measured no noise on a server of several slots (its slots were full, so the copies waited
-and were decoded alike) is asked in a burst again after this long: at another moment the slots may batch."""
 PASSES = 2
 """A full round that proves nothing on a speculating model runs once more: n-gram speculation learns from the first
 pass (it has seen the canary text) and drafts on the second."""
@@ -165,47 +162,33 @@ class Runner:
             self.fleet.record_meta(server.name, key, measured.result or {}, props.identity)
             self._meta_asked(server, key, measured)
 
-    async def ask_peers(self, server: ServerConfig, key: str, questions: Sequence[int], *, burst: int) -> None:
-        """Ask the peer probe `questions` in turn; a question whose noise this process has not shown yet is asked
-        `burst` times more at once (its slots then decode in one batch, as under load), and the spread of those
-        answers is its noise there (0 for a server of one slot, which never batches). A failure ends the round."""
-        self.fleet.start_peer_round(server.name, key, now=self._clock())
+    async def ask_peers(self, server: ServerConfig, key: str, rounds: Sequence[tuple[int, int]], *, copies: int) -> None:
+        """Ask the peer probe each of `rounds` (the round, and the pool prompt it asks) in turn, `copies` of it at once
+        (a server's slots then decode them in one batch, beside its other work): how far the copies parted is the
+        member's own noise under its load (a server of one slot gets one copy). A failure ends the rounds."""
         timeout = self.policy.timeout_for(server, canary=True)
+        for question, prompt in rounds:
+            self.fleet.start_peer_round(server.name, key, question, now=self._clock())
 
-        def ask(question: int) -> Callable[[], Awaitable[Logprobs]]:
-            return lambda: probes.peer_probe(self.fetcher, server, question, timeout=timeout, model=key or None,
-                                             api_key=self.keys.key_of(server))
+            def ask(prompt: int = prompt) -> Awaitable[Logprobs]:
+                return probes.peer_probe(self.fetcher, server, prompt, timeout=timeout, model=key or None,
+                                         api_key=self.keys.key_of(server))
 
-        for question in questions:
-            async with self._gate(canary=True):  # once for a burst too: its copies must go out together
-                solo = await measure(ask(question), timeout, self._monotonic)
-                noise: float | None = None
-                copies = 1
-                if solo.result is not None and self._burst_due(server, key, question):
-                    noise, copies = await self._burst(ask(question), solo.result, timeout, burst)
-            if solo.reason is Reason.NOT_LOADED:
+            async with self._gate(canary=True):  # once for the copies: they must go out together
+                together = await asyncio.gather(*(measure(ask, timeout, self._monotonic) for _ in range(max(1, copies))))
+            first = together[0]
+            if first.reason is Reason.NOT_LOADED:
                 self._unloaded(server, key, self.fleet.record_unloaded(server.name, key))
                 return
-            change = self.fleet.record_peer_answer(server.name, key, question, answer=solo.result, noise=noise,
-                                                   copies=copies, reason=solo.reason, detail=solo.detail, now=self._clock())
-            self._peer_asked(server, key, question, solo, change)
-            if solo.result is None:
+            answers = [m.result for m in together if m.result is not None]
+            # Copies cut short measured less than the noise: the next round measures it again. A server of one slot
+            # never batches: its own noise is none.
+            parted = (spread(answers) if len(answers) == len(together) else None) if copies > 1 else 0.0
+            change = self.fleet.record_peer_answer(server.name, key, question, answer=first.result, spread=parted,
+                                                   copies=len(answers) or 1, reason=first.reason, detail=first.detail)
+            self._peer_asked(server, key, question, first, change)
+            if first.result is None:
                 return
-
-    def _burst_due(self, server: ServerConfig, key: str, question: int) -> bool:
-        state = self.fleet.get(server.name)
-        model = state.models.get(key) if state is not None else None
-        return model is not None and model.peer_answers.burst_due(question, self._clock(), again_after=REBURST_SECONDS)
-
-    async def _burst(self, ask: Callable[[], Awaitable[Logprobs]], solo: Logprobs, timeout: float,
-                     burst: int) -> tuple[float | None, int]:
-        """`burst` copies of a question asked at once: the spread of their answers and `solo`'s, and how many answered."""
-        if burst <= 1:
-            return 0.0, 1
-        together = await asyncio.gather(*(measure(ask, timeout, self._monotonic) for _ in range(burst)))
-        answers = [m.result for m in together if m.result is not None]
-        # A burst cut short measured less than the noise: asked again at the next round.
-        return (spread([solo, *answers]) if len(answers) == burst else None), 1 + len(answers)
 
     async def round(self, server: ServerConfig, key: str, endpoints: Sequence[Endpoint], *, full: bool) -> None:
         """Canary `endpoints` of one model; a full round that leaves a speculating model unproven runs again."""

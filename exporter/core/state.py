@@ -330,9 +330,9 @@ class Fleet:
                 self._update_model(name, key, {"peers": standing})
 
     def record_peer_answer(self, name: str, key: str, question: int, *, answer: Logprobs | None,
-                           noise: float | None = None, copies: int = 1, reason: Reason | None = None,
-                           detail: str = "", now: float) -> Change | None:
-        """A peer probe's answer to `question` (with the noise a burst of `copies` measured), or why it failed."""
+                           spread: float | None = None, copies: int = 1, reason: Reason | None = None,
+                           detail: str = "") -> Change | None:
+        """A peer probe's answer to round `question` (with how far its copies parted), or why it failed."""
         old = self._servers.get(name)
         model = old.models.get(key) if old is not None else None
         if model is None:
@@ -341,16 +341,17 @@ class Fleet:
         if answer is None or reason is not None:
             held = held.failed(reason or Reason.INTERNAL, detail)
         else:
-            held = held.answered(question, answer, noise, copies=copies, now=now)
+            held = held.answered(question, answer, spread, copies=copies)
         return self._update_model(name, key, {"peer_answers": held})
 
-    def start_peer_round(self, name: str, key: str, *, now: float) -> Change | None:
-        """A peer probe round began: the next is due a canary_interval from now."""
+    def start_peer_round(self, name: str, key: str, question: int, *, now: float) -> Change | None:
+        """A peer probe of round `question` began: the next is due at the next round."""
         old = self._servers.get(name)
         model = old.models.get(key) if old is not None else None
         if model is None:
             return None
-        return self._update_model(name, key, {"peer_answers": replace(model.peer_answers, asked_at=now)})
+        return self._update_model(name, key, {"peer_answers": replace(model.peer_answers, asked_at=now,
+                                                                      asked_round=question)})
 
     def start_round(self, name: str, key: str, *, full: bool, now: float) -> Change | None:
         """A canary round began: the next one is due a canary_interval from now; a full one is no longer due."""

@@ -259,8 +259,9 @@ def among_peers(decision: Decision, disagreements: Sequence[Disagreement],
                 f"models: {each}")
         return Decision(decision.verdict, f"{said}; {decision.summary}"), DISAGREEING_EXIT_CODE
     if undecided:
-        said = (f"the peer test could not tell within its bound whether {', '.join(undecided)} answer as their peers "
-                "do (their answers differ by more than the noise, not yet by enough to decide): check again")
+        said = (f"the peer test has not told whether {', '.join(undecided)} answer as their peers do (too few rounds "
+                "answered, rounds left unanswered, or answers off by more than the noise but not yet by enough to "
+                "decide): check again")
         code = decision.verdict.exit_code or Verdict.UNCHECKED.exit_code  # a verdict that says "do not score" stays
         return Decision(decision.verdict, f"{said}; {decision.summary}"), code
     return decision, decision.verdict.exit_code

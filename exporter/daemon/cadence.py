@@ -93,18 +93,21 @@ def due(model: ModelState, now: float, *, interval: float, tokens: int = DEFAULT
     return Round(tuple(picks), full=False, rotation=rotation) if picks else None
 
 
+def round_of(now: float, interval: float) -> int:
+    """The peer probe's round at `now`: one per canary_interval of the clock, so every member of a group asked within
+    one interval is asked the same prompt, without a word between them."""
+    return int(now // interval) if interval > 0 else 0
+
+
 def peers_due(model: ModelState, now: float, *, interval: float, poll_interval: float = 0.0) -> tuple[int, ...] | None:
-    """The peer probe's questions due for a member of a peer group at `now`, or None: every question at the first round
-    of its process (its group compares a question once every member has answered it), then one per `interval`, the
-    one answered longest ago (or not yet: a failed round leaves its questions to the next)."""
+    """The peer probe's round due for a member of a peer group at `now`, or None: the current round, once (a failed
+    round is not asked again: its group counts it as one the member missed)."""
+    del poll_interval  # rounds are the clock's, not the polls'
     if model.poll is None or not model.loaded:
         return None
-    held = model.peer_answers
-    if held.asked_at is None:
-        return tuple(held.due()) or None
-    if _reached(now - held.asked_at, interval, poll_interval):
-        return (held.next_question(),)
-    return None
+    current = round_of(now, interval)
+    asked = model.peer_answers.asked_round
+    return (current,) if asked is None or asked < current else None
 
 
 def freshness_bound(model: ModelState, *, poll_interval: float, interval: float, timeout: float,

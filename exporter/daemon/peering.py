@@ -1,4 +1,5 @@
-"""Peer groups compared as their answers come in: per group, only the groups that changed, each at most so often."""
+"""Peer groups compared as their answers come in: per group, only the groups that changed, each at most so often; each
+round counted once its members have all had their turn (core.peers.Comparing keeps the test)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..core.evidence import Evidence
-from ..core.peers import OPT_OUT, Comparison, Peer, Standing, compare, fresh, member_name
+from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Standing, member_name
 from ..core.state import Fleet, ModelState
 from ..probe.llama import Props
 from ..probe.logprobs import Logprobs
+from ..probe.peerprobe import prompt
+from .cadence import round_of
 
 log = structlog.get_logger("specwatch")
 SECONDS_PER_MEMBER = 0.01
@@ -25,17 +27,21 @@ Member = tuple[str, str]
 class PeerBoard:
     """Which group each watched model is in, which groups changed since compared, and the comparing itself."""
 
-    def __init__(self, fleet: Fleet, monotonic: Callable[[], float], *, max_gap: float) -> None:
+    def __init__(self, fleet: Fleet, monotonic: Callable[[], float], clock: Callable[[], float], *, max_gap: float,
+                 interval: float) -> None:
         self._fleet = fleet
         self._monotonic = monotonic
+        self._clock = clock
         self.max_gap = max_gap
+        self.interval = interval
+        """The canary_interval: one peer probe round per interval."""
+        self._tests: dict[str, Comparing[str]] = {}
+        """Each group's test, across rounds."""
         self._groups: dict[str, set[Member]] = {}
         self._by_server: dict[str, dict[str, str]] = {}
         """Each server's models by key, with their group."""
         self._dirty: set[str] = set()
         self._compared_at: dict[str, float] = {}
-        self._seen: dict[Member, Mapping[int, Logprobs]] = {}
-        """The answers each member's last comparison saw: any other is fresh for the next one."""
         self._inputs: dict[Member, _Brought] = {}
         """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
         self._unpolled: set[str] = set()
@@ -48,9 +54,11 @@ class PeerBoard:
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
         those by fingerprint across shards (alerts/specwatch.rules.yml)."""
 
-    def configure(self, *, max_gap: float) -> None:
-        """Reloaded settings: every group is compared again under them."""
-        self.max_gap = max_gap
+    def configure(self, *, max_gap: float, interval: float) -> None:
+        """Reloaded settings: every group is compared again under them (another interval starts rounds anew)."""
+        if interval != self.interval:
+            self._tests.clear()
+        self.max_gap, self.interval = max_gap, interval
         self._dirty.update(self._groups)
         self._compared_at.clear()
         self._inputs.clear()
@@ -82,7 +90,7 @@ class PeerBoard:
             if now.get(key) != group:
                 self._leave(group, (name, key))
                 self._inputs.pop((name, key), None)
-                self._seen.pop((name, key), None)
+                self._forget(group, (name, key))
                 gone[(name, key)] = None
         for key, group in now.items():
             member = (name, key)
@@ -119,7 +127,19 @@ class PeerBoard:
             for key, group in self._by_server.pop(name, {}).items():
                 self._leave(group, (name, key))
                 self._inputs.pop((name, key), None)
-                self._seen.pop((name, key), None)
+                self._forget(group, (name, key))
+
+    def prompt_for(self, name: str, key: str, question: int) -> int:
+        """The pool prompt a member is asked in round `question`: its group's reference's prompts only, if it has one."""
+        group = self._by_server.get(name, {}).get(key)
+        test = self._tests.get(group) if group is not None else None
+        reference = test.reference if test is not None else None
+        return prompt(question, among=reference.prompts if reference is not None else None)
+
+    def _forget(self, group: str, member: Member) -> None:
+        test = self._tests.get(group)
+        if test is not None:
+            test.forget(member_name(*member))
 
     def _leave(self, group: str, member: Member) -> None:
         members = self._groups.get(group)
@@ -130,6 +150,7 @@ class PeerBoard:
         if not members:
             del self._groups[group]
             self._compared_at.pop(group, None)
+            self._tests.pop(group, None)
             self._dirty.discard(group)
 
     def settle(self) -> None:
@@ -146,10 +167,9 @@ class PeerBoard:
                 self._compare(group, members)
 
     def _compare(self, group: str, members: set[Member]) -> None:
+        test = self._tests.setdefault(group, Comparing())
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
-        evidence: dict[str, Evidence] = {}
-        new: dict[str, set[int]] = {}
         before: dict[Member, Standing | None] = {}
         for member in members:
             server = self._fleet.get(member[0])
@@ -160,13 +180,11 @@ class PeerBoard:
                 continue
             name = member_name(*member)
             peers[name], names[name], before[member] = peer, member, model.peers
-            last = model.peers if model.peers is not None and model.peers.group == group else None
-            evidence[name] = last.comparison.evidence if last is not None else Evidence()
-            new[name] = fresh(peer, self._seen.get(member, {}) if last is not None else {})
-        judgement = compare(peers, before=evidence, fresh=new)
-        for name, questions in judgement.counted.items():
-            answers = peers[name].answers
-            self._seen[names[name]] = {**self._seen.get(names[name], {}), **{q: answers[q] for q in questions}}
+            if model.peers is None or model.peers.group != group:
+                test.forget(name)  # a new process, or new to the group: its evidence starts afresh
+        # A round counts once the next one is over: every member has had its turn at it, slow answers included.
+        test.count(peers, before=round_of(self._clock(), self.interval) - 1)
+        judgement = test.judge(peers)
         # A group of one compares nothing: it has no standing, as an opted-out server has none.
         standings: dict[Member, Standing | None] = {m: None for m in members}
         if len(peers) >= 2:
@@ -186,20 +204,20 @@ class _Brought:
     props: Props | None
     meta_for: tuple[object, ...] | None
     answers: Mapping[int, Logprobs] | None
-    noise: Mapping[int, float] | None
+    spreads: tuple[float, ...] | None
 
     @classmethod
     def of(cls, group: str, model: ModelState | None) -> _Brought:
         if model is None:
             return cls(group, None, None, None, None, None)
         return cls(group, model.loaded, model.poll.props if model.poll is not None else None, model.meta_for,
-                   model.peer_answers.answers, model.peer_answers.noise)
+                   model.peer_answers.answers, model.peer_answers.spreads)
 
     def same(self, other: _Brought | None) -> bool:
         """Alike in what is compared by value; the answers and the noise by identity (each answer makes new ones)."""
         return (other is not None and (self.group, self.loaded, self.props, self.meta_for)
                 == (other.group, other.loaded, other.props, other.meta_for)
-                and self.answers is other.answers and self.noise is other.noise)
+                and self.answers is other.answers and self.spreads is other.spreads)
 
 
 def _shown(standing: Standing | None) -> tuple[bool | None, str | None]:

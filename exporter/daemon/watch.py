@@ -19,7 +19,7 @@ from ..probe.canary import Tally
 from ..probe.http.fetch import Fetcher
 from ..probe.llama import Props, Slots
 from ..probe.logprobs import Logprobs
-from ..probe.peerprobe import BURST
+from ..probe.peerprobe import COPIES
 from ..probe.probes import PLAIN, KnownSlots
 from ..settings.schema import Settings
 from ..settings.targets import ServerConfig
@@ -69,7 +69,8 @@ class Watcher(Runner):
         """Every tick, poll and canary in flight (the rounds among them), so that close() can end them."""
         self._closed = False
         self._streaks: dict[tuple[str, ...], _Streak] = {}
-        self.peers = PeerBoard(fleet, monotonic, max_gap=settings.poll_interval)
+        self.peers = PeerBoard(fleet, monotonic, clock, max_gap=settings.poll_interval,
+                               interval=settings.canary_interval)
         self.peers.expect({s.config.name for s in fleet.snapshot()})
 
     @property
@@ -99,7 +100,7 @@ class Watcher(Runner):
         self.fleet.reconcile(servers, settings.canary_endpoints)
         names = {s.name for s in servers}
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
-        self.peers.configure(max_gap=settings.poll_interval)
+        self.peers.configure(max_gap=settings.poll_interval, interval=settings.canary_interval)
         self.peers.forget(before - names)
         self.peers.expect(names - before)
         for name in names:
@@ -255,7 +256,7 @@ class Watcher(Runner):
         self.peers.settle()
 
     async def peer_round(self, name: str, key: str, questions: tuple[int, ...]) -> None:
-        """The peer probe's due questions for one model of a server in a peer group of two or more."""
+        """The peer probe's due rounds for one model of a server in a peer group of two or more."""
         state = self.fleet.get(name)
         if state is None or self._closed or self._claim(("peers", name, key)) is None:
             return
@@ -264,8 +265,9 @@ class Watcher(Runner):
             if model is None or model.poll is None:
                 return
             slots = model.poll.props.total_slots
-            burst = BURST if slots is None else min(BURST, slots) if slots > 1 else 0
-            await self.ask_peers(state.config, key, questions, burst=burst)
+            copies = COPIES if slots is None or slots > 1 else 1
+            rounds = [(q, self.peers.prompt_for(name, key, q)) for q in questions]
+            await self.ask_peers(state.config, key, rounds, copies=copies)
 
     def _peer_asked(self, server: ServerConfig, key: str, question: int, measured: Measured[Logprobs],
                     change: Change | None) -> None:

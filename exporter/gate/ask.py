@@ -82,6 +82,9 @@ class AskReport:
     models: list[ModelVerdict] = field(default_factory=list)
     disagreeing: list[str] = field(default_factory=list)
     """The selected replicas that disagree with their peer group (the exit code is then 1, whatever the verdict)."""
+    undecided: list[str] = field(default_factory=list)
+    """The selected replicas in a peer group whose standing is unknown (no round counted yet, or it stopped answering
+    the rounds its group answers): the exit code is then 2, never clean, unless one differs."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,8 +192,10 @@ async def ask(
     decision = selection_verdict(found, any_watched=watched > 0, selection=_describe(report.selection))
     disagreements = [d for m in report.models if (d := m.disagreement) is not None]
     report.disagreeing = [d.name for d in disagreements]
-    decision, exit_code = among_peers(decision, disagreements)
-    decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict
+    report.undecided = [] if disagreements else [m.server + (f"/{m.model}" if m.model else "") for m in report.models
+                                                 if m.peers is not None and m.peers.agreement is None]
+    decision, exit_code = among_peers(decision, disagreements, report.undecided)
+    decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict, an unknown one 2
     return report
 
 
@@ -203,7 +208,9 @@ def _describe(selection: dict[str, Any]) -> str:
 
 
 def render_text(report: AskReport) -> str:
-    refused = f"REFUSED (replicas differ; fill-in verdict {report.verdict})" if report.disagreeing else report.verdict.upper()
+    refused = (f"REFUSED (replicas differ; fill-in verdict {report.verdict})" if report.disagreeing
+               else f"UNDECIDED (replicas not told apart; fill-in verdict {report.verdict})" if report.undecided
+               else report.verdict.upper())
     lines = [f"{refused}: {report.summary}"]
     for m in report.models:
         name = m.server + (f" model {m.model}" if m.model else "")

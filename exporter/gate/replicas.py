@@ -1,28 +1,30 @@
 """`specwatch check URL URL ...`: every server checked, then the models that report one name compared as replicas with
-the daemon's test, the peer probe asked as many times as the test needs to decide, within a bound."""
+the daemon's test (core.peers.Comparing), round after round of the peer probe until the test settles, within a bound."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.evidence import Evidence
-from ..core.peers import Judgement, Peer, Standing, compare, fresh, member_name
+from ..core.evidence import Cusum
+from ..core.peers import Comparing, Judgement, Peer, Standing, member_name
 from ..core.report import PeersEntry, peers_entry
 from ..core.runner import Runner
 from ..core.verdict import Decision, Disagreement, Verdict, among_peers, worst
 from ..endpoints import Endpoint
 from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher
-from ..probe.logprobs import Logprobs
-from ..probe.peerprobe import BURST, QUESTIONS
+from ..probe.peerprobe import COPIES, prompt
 from ..settings.targets import ServerConfig
 from .check import CHECKED, CheckReport, checked, render_text
 from .options import CHECK, Spelling
 
-ROUNDS = 3
-"""How often each question is asked of each replica at most: the test decides within that, or the check says undecided."""
+ROUNDS = 16
+"""Peer-probe rounds at most: the test decides within them, or the check says undecided (exit 2, never clean)."""
+SETTLED = 6
+"""Rounds a member must have answered, its evidence back at nothing, to be told apart as agreeing."""
 
 
 @dataclass
@@ -50,8 +52,6 @@ class _Member:
     runner: Runner
     server: ServerConfig
     key: str
-    seen: dict[int, Logprobs] = field(default_factory=dict)
-    """The answers the last comparison saw: any other is fresh for the next one."""
 
     @property
     def peer(self) -> Peer | None:
@@ -60,11 +60,11 @@ class _Member:
         return model.peer() if model is not None else None
 
     @property
-    def burst(self) -> int:
+    def copies(self) -> int:
         state = self.runner.fleet.get(CHECKED)
         model = state.models.get(self.key) if state is not None else None
         slots = model.poll.props.total_slots if model is not None and model.poll is not None else None
-        return BURST if slots is None else min(BURST, slots) if slots > 1 else 0
+        return COPIES if slots is None or slots > 1 else 1
 
 
 async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
@@ -107,33 +107,26 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
 
 
 async def _decided(members: dict[str, _Member], fetcher: Fetcher) -> Judgement[str]:
-    """Ask the group's members the peer probe until the test settles each of them, or ROUNDS of every question."""
-    evidence: dict[str, Evidence] = {}
+    """Ask the group's members the peer probe, one prompt a round, until the test settles each of them, or ROUNDS."""
+    test: Comparing[str] = Comparing()
     judgement: Judgement[str] = Judgement({})
-    for turn in range(1 + (ROUNDS - 1) * len(QUESTIONS)):
+    for question in range(ROUNDS):
+        asked = [(question, prompt(question))]
         for member in members.values():
             member.runner.fetcher = fetcher  # the check's own client is closed by now
-            peer = member.peer
-            if peer is None:
-                continue
-            model = member.runner.fleet.get(CHECKED).models[member.key]  # type: ignore[union-attr]
-            # The first turn asks every question (a burst each, for the noise); each later turn one more question.
-            questions = model.peer_answers.due() if turn == 0 else [model.peer_answers.next_question()]
-            await member.runner.ask_peers(member.server, member.key, questions, burst=member.burst)
+        await asyncio.gather(*(member.runner.ask_peers(member.server, member.key, asked, copies=member.copies)
+                               for member in members.values() if member.peer is not None))
         peers = {name: peer for name, member in members.items() if (peer := member.peer) is not None}
-        news = {name: fresh(peer, members[name].seen) for name, peer in peers.items()}
-        judgement = compare(peers, before=evidence, fresh=news)
-        for name, questions in judgement.counted.items():
-            members[name].seen |= {q: peers[name].answers[q] for q in questions}
-        evidence = {name: c.evidence for name, c in judgement.members.items()}
+        test.count(peers, before=question + 1)
+        judgement = test.judge(peers)
         if all(_settled(c.agreement, c.evidence) for c in judgement.members.values()):
             break
     return judgement
 
 
-def _settled(agreement: bool | None, evidence: Evidence) -> bool:
-    """The test has decided: the replica differs, or it answered every question and its evidence is back at nothing."""
-    return agreement is False or (agreement is True and evidence.answers >= len(QUESTIONS) and evidence.total == 0.0)
+def _settled(agreement: bool | None, evidence: Cusum) -> bool:
+    """The test has decided: the member differs, or it answered SETTLED rounds and its evidence is back at nothing."""
+    return agreement is False or (agreement is True and evidence.answers >= SETTLED and evidence.total == 0.0)
 
 
 def render_checks(report: ChecksReport) -> str:

@@ -163,13 +163,13 @@ async def canary(
 
 
 async def peer_probe(
-    fetcher: Fetcher, target: Target, question: int, *, timeout: float, model: str | None = None,
+    fetcher: Fetcher, target: Target, prompt: int, *, timeout: float, model: str | None = None,
     api_key: SecretStr | None = None,
 ) -> Logprobs:
-    """One question of the peer probe; `model` names a router's model (or the configured one) and is never loaded."""
+    """The peer probe's pool prompt `prompt`; `model` names a router's model (or the configured one), never loaded."""
     with _secret_free(api_key):
         query = "?autoload=false" if model else ""
-        answer = await fetcher.post_json(f"{target.url}{peerprobe.PATH}{query}", peerprobe.body(question, model),
+        answer = await fetcher.post_json(f"{target.url}{peerprobe.PATH}{query}", peerprobe.body(peerprobe.prompts()[prompt], model),
                                          headers=auth_headers(api_key), timeout=timeout)
         logprobs, answered_by = peerprobe.read(answer)
         if model and answered_by and model not in names_of(answered_by):

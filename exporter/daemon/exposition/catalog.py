@@ -79,8 +79,15 @@ SERVER: tuple[Family, ...] = (
            "How far the sequential test has come towards deciding that the model's answers differ from its peer "
            "group's, from 0 to 1 (1: decided); absent while nothing was compared."),
     Family("specwatch_peer_noise_nats", "gauge", (),
-           "The batching noise measured on the model: the largest spread of its answers to one peer-probe question asked "
-           "several times at once (0 for one slot), in nats per value compared; absent before it was measured."),
+           "The model's own noise under its load: the median, over its last 16 rounds, of how far two copies of the "
+           "round's peer-probe prompt asked at once parted, in nats per value compared; absent before it was measured "
+           "(and on a server of one slot, which never batches)."),
+    Family("specwatch_peer_noisy", "gauge", ("peer_group",),
+           "1 when the model's own noise stands 4 times or more over its peer group's (it is held to no more than "
+           "that), 0 otherwise; absent while nothing was compared."),
+    Family("specwatch_peer_missed_rounds", "gauge", ("peer_group",),
+           "Peer-probe rounds in a row its group answered and the model did not: from 3 its agreement is unknown "
+           "(specwatch_peer_agreement absent), never \"agrees\"; absent while nothing was compared."),
     Family("specwatch_peer_probes", "counter", ("outcome",),
            "Peer probes by outcome (success, failure), each copy of a burst counted; both from the first."),
     Family("specwatch_peer_probe_failures", "counter", ("reason",),

@@ -148,16 +148,19 @@ def peer_samples(out: Sink, server: ServerState) -> None:
                 out.add("specwatch_peer_probes", (*extra, ("outcome", outcome)), held.outcomes.get(outcome, 0))
             for reason, count in held.failures.items():
                 out.add("specwatch_peer_probe_failures", (*extra, ("reason", reason.value)), count)
-        if held.noise:
-            out.add("specwatch_peer_noise_nats", extra, round(max(held.noise.values()), 4))
+        if held.noise is not None:
+            out.add("specwatch_peer_noise_nats", extra, round(held.noise, 4))
         standing = model.peers
         if standing is None:
             continue
         where = (*extra, ("peer_group", standing.group))
-        agreement = standing.comparison.agreement
-        if agreement is not None:
-            out.add("specwatch_peer_agreement", where, int(agreement))
-            out.add("specwatch_peer_evidence", where, round(standing.comparison.evidence.share, 4))
+        comparison = standing.comparison
+        if comparison.agreement is not None:
+            out.add("specwatch_peer_agreement", where, int(comparison.agreement))
+        if comparison.evidence.answers:
+            out.add("specwatch_peer_evidence", where, round(comparison.evidence.share, 4))
+            out.add("specwatch_peer_noisy", where, int(comparison.noisy))
+            out.add("specwatch_peer_missed_rounds", where, comparison.evidence.missed)
 
 
 def verdict_samples(out: Sink, server: ServerState) -> None:
@@ -219,7 +222,7 @@ def _canaries_key(server: ServerState) -> tuple[object, ...]:
 def _peers_key(server: ServerState) -> tuple[object, ...]:
     return (server.router, server.config.peer_group,
             tuple((key, m.peers, m.meta, m.meta_for, m.loaded, None if m.poll is None else m.poll.props,
-                   m.peer_answers.outcomes, m.peer_answers.failures, m.peer_answers.noise)
+                   m.peer_answers.outcomes, m.peer_answers.failures, m.peer_answers.spreads)
                   for key, m in server.models.items()))
 
 
@@ -254,5 +257,6 @@ GROUPS: tuple[Group, ...] = (
     Group(verdict_samples, _verdict_key, ("specwatch_verdict",)),
     Group(peer_samples, _peers_key,
           ("specwatch_model_fingerprint_info", "specwatch_peer_agreement", "specwatch_peer_evidence",
-           "specwatch_peer_noise_nats", "specwatch_peer_probes", "specwatch_peer_probe_failures")),
+           "specwatch_peer_noise_nats", "specwatch_peer_noisy", "specwatch_peer_missed_rounds", "specwatch_peer_probes",
+           "specwatch_peer_probe_failures")),
 )
