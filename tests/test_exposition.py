@@ -20,9 +20,8 @@ from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.watch import Watcher
 from specwatch.daemon.web import WebApp
 from specwatch.probe.http.fetch import Fetcher
-from specwatch.probe.peerprobe import QUESTIONS
 from specwatch.settings.schema import Settings
-from tests.support.fakes import fake_fleet
+from tests.support.fakes import fake_fleet, peer_round
 from tests.support.wire import FakeLlama
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
@@ -43,9 +42,7 @@ async def _exposition() -> str:
         await watcher.poll(name)
         await watcher.ask_meta(name)
         await watcher.canary(name)
-    for name in ("plain", "draft", "locked"):  # the peer probe: the locked server refuses it (a failure by reason)
-        await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
-    watcher.peers.settle()
+    await peer_round(watcher, ("plain", "draft", "locked"))  # the locked server refuses it (a failure by reason)
     await client.aclose()
     registry = CollectorRegistry(auto_describe=False)
     sources = (SourceStatus("file_sd[0]", 2, True, 1_699_999_000.0), SourceStatus("http_sd[0]", 0, False, None))

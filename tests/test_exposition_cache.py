@@ -20,8 +20,8 @@ from specwatch.daemon.exposition.text import TextRenderer
 from specwatch.daemon.peering import SECONDS_PER_MEMBER
 from specwatch.daemon.web import WebApp
 from specwatch.endpoints import Endpoint
-from specwatch.probe.peerprobe import QUESTIONS
 from specwatch.settings.schema import Settings
+from tests.support.fakes import peer_round
 from tests.support.wire import FakeLlama
 
 
@@ -101,7 +101,7 @@ async def test_series_per_server(make_watcher) -> None:
     watcher = make_watcher(fakes, canary_tokens=8)
     await asyncio.gather(*(watcher.poll(n) for n in fakes), *(watcher.canary(n) for n in fakes))
     await asyncio.gather(*(watcher.ask_meta(n) for n in fakes))
-    await asyncio.gather(*(watcher.peer_round(n, "", tuple(range(len(QUESTIONS)))) for n in fakes))
+    await peer_round(watcher, fakes)
     # Answers ending within SECONDS_PER_MEMBER of each other are compared together at the next tick: this is it.
     await asyncio.sleep(2 * SECONDS_PER_MEMBER)
     watcher.peers.settle()
@@ -111,7 +111,7 @@ async def test_series_per_server(make_watcher) -> None:
     # Per server: 10 poll series, 8 per canaried endpoint (9 with draft counts; one of them, specwatch_canary_checked,
     # is there before the first canary too), 4 verdicts, 5 other canary series and 6 of peers (both report tiny.gguf, so
     # they are one group: its fingerprint, agreement, evidence and noise, and its peer probes by outcome; failures by
-    # reason only once one failed).
+    # reason only once one failed; no noisy flag or missed rounds before a round is counted).
     endpoints = len(Endpoint)
     assert series == {"plain": 10 + 8 * endpoints + 4 + 5 + 6, "draft": 10 + 9 * endpoints + 4 + 5 + 6}
 

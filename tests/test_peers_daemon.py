@@ -1,5 +1,6 @@
-"""Replicas compared by the daemon: fingerprints asked once per process, the peer probe asked of groups of two or more,
-each group judged whole, the standing shown on /metrics, the verdicts document, the landing page and in the log."""
+"""Replicas compared by the daemon: fingerprints asked once per process, the peer probe asked of groups of two or more
+(one pool prompt a round, the same for every member), each round counted once it is over, the standing shown on
+/metrics, the verdicts document, the landing page and in the log."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import structlog
 
-from specwatch.core.peers import compare
+from specwatch.core.evidence import MISSED
+from specwatch.core.peers import Comparing
 from specwatch.core.state import Fleet
 from specwatch.daemon.api import Selection, verdicts
 from specwatch.daemon.exposition.samples import ExporterStatus
@@ -19,7 +21,7 @@ from specwatch.daemon.landing import render, rows
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.client import Client
 from specwatch.probe.http.fetch import Fetcher
-from specwatch.probe.peerprobe import BURST, PATH, QUESTIONS
+from specwatch.probe.peerprobe import COPIES, PATH, prompts
 from specwatch.settings.schema import Settings
 from tests.conftest import FakeClock
 from tests.support.fakes import fake_fleet
@@ -77,15 +79,16 @@ def _pool(**odd: object) -> dict[str, FakeLlama | FakeRouter]:
 
 
 def _asked(fake: FakeLlama) -> list[str]:
-    """The peer-probe questions a look-alike was asked, in order."""
-    return [r.json()["prompt"] for r in fake.requests if r.path == PATH and r.json().get("prompt") in QUESTIONS]
+    """The peer-probe prompts a look-alike was asked, in order."""
+    pool = set(prompts())
+    return [r.json()["prompt"] for r in fake.requests if r.path == PATH and r.json().get("prompt") in pool]
 
 
 async def test_another_quantization_under_the_same_name_differs_at_once_by_fingerprint(watcher_of: Build,
                                                                                       clock: FakeClock) -> None:
     watcher = watcher_of(_pool(ftype="Q4_0"))
     with structlog.testing.capture_logs() as logs:
-        await _rounds(watcher, clock, times=2)
+        await _rounds(watcher, clock, times=3)  # a and b agree once a round of theirs is counted
     text = _text(watcher)
     assert value(text, "specwatch_peer_agreement", server="c", peer_group="tiny") == 0
     assert value(text, "specwatch_peer_agreement", server="a", peer_group="tiny") == 1
@@ -93,7 +96,7 @@ async def test_another_quantization_under_the_same_name_differs_at_once_by_finge
     peers = _document(watcher, clock)
     assert peers["c"] == {"group": "tiny", "agreement": False, "kind": "fingerprint", "held_against": ["a", "b"],
                           "evidence": 0.0, "group_agreement": False, "split": False,
-                          "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": ""}
+                          "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": "", "noisy": False}
     assert (peers["a"]["agreement"], peers["a"]["kind"], peers["a"]["group_agreement"]) == (True, None, False)
     said = [(e["event"], e["server"], e.get("kind")) for e in logs if e["event"].startswith("peers_")]
     assert said == [("peers_disagree", "c", "fingerprint")]  # once, not at every comparison
@@ -114,30 +117,47 @@ async def test_meta_is_asked_once_per_process(watcher_of: Build, clock: FakeCloc
     assert asked() == 2
 
 
-async def test_the_peer_probe_asks_every_question_first_then_one_an_interval(watcher_of: Build, clock: FakeClock) -> None:
+async def test_the_peer_probe_asks_one_prompt_a_round_the_same_of_every_member(watcher_of: Build,
+                                                                                clock: FakeClock) -> None:
     fakes = _pool(total_slots=4)
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)  # a is asked once b, polled after it, makes it a peer
-    assert _asked(fakes["a"]) == list(QUESTIONS)  # one slot: nothing batches, no burst
-    # Four slots: each question asked five times at once.
-    assert _asked(fakes["c"]) == [q for q in QUESTIONS for _ in range(1 + BURST)]
-    assert value(_text(watcher), "specwatch_peer_noise_nats", server="c") == 0.0  # a look-alike answers alike
-    await _rounds(watcher, clock, times=2)
-    assert _asked(fakes["a"])[len(QUESTIONS):] == [QUESTIONS[0], QUESTIONS[1]]
+    await _rounds(watcher, clock, times=4)
+    asked = {name: _asked(fake) for name, fake in fakes.items()}
+    assert asked["a"] == asked["b"] and len(asked["a"]) >= 3  # one slot: one copy a round
+    assert len(set(asked["a"])) == len(asked["a"])  # a new prompt every round
+    assert asked["c"] == [p for p in asked["a"] for _ in range(COPIES)]  # four slots: copies at once, for its noise
     text = _text(watcher)
-    assert value(text, "specwatch_peer_probes_total", server="a", outcome="success") == len(QUESTIONS) + 2
-    assert value(text, "specwatch_peer_probes_total", server="c", outcome="success") == len(QUESTIONS) * (1 + BURST) + 2
+    assert value(text, "specwatch_peer_noise_nats", server="c") == 0.0  # a look-alike's copies answer alike
+    assert value(text, "specwatch_peer_noise_nats", server="a") == 0.0  # one slot never batches
+    assert value(text, "specwatch_peer_probes_total", server="a", outcome="success") == len(asked["a"])
+    assert value(text, "specwatch_peer_probes_total", server="c", outcome="success") == len(asked["c"])
     assert value(text, "specwatch_peer_probes_total", server="a", outcome="failure") == 0
+    assert value(text, "specwatch_peer_missed_rounds", server="a", peer_group="tiny") == 0
+    assert value(text, "specwatch_peer_noisy", server="c", peer_group="tiny") == 0
+
+
+async def test_the_prompts_are_this_process_own_draw_from_the_pool(watcher_of: Build, clock: FakeClock,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from specwatch.probe import peerprobe
+
+    seen = []
+    for salt in (1, 2):
+        monkeypatch.setattr(peerprobe, "SALT", salt)
+        fakes = _pool()
+        watcher = watcher_of(fakes)
+        await _rounds(watcher, clock, times=3)
+        seen.append(_asked(fakes["a"]))
+    assert seen[0] and not set(seen[0]) & set(seen[1])  # a gateway that learnt one process's prompts knows none of the next
 
 
 async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of: Build, clock: FakeClock) -> None:
-    watcher = watcher_of(_pool(token_probability=0.5))  # log 0.7 - log 0.5 = 0.336 a token, 11 times the margin
+    watcher = watcher_of(_pool(token_probability=0.5))  # log 0.7 - log 0.5 = 0.336 a token, 5.6 times the floor
     with structlog.testing.capture_logs() as logs:
-        await _rounds(watcher, clock)  # the first round: six answers, decided
+        await _rounds(watcher, clock, times=8)
     peers = _document(watcher, clock)
     assert (peers["c"]["agreement"], peers["c"]["kind"], peers["c"]["held_against"], peers["c"]["evidence"]) == (
         False, "answers", ["a", "b"], 1.0)
-    assert peers["c"]["detail"].startswith("question 5: 0.336 nats from its nearest peers, 11.2 times the group's noise")
+    assert " 0.336 nats from its group, 5.6 times the noise (0.060)" in peers["c"]["detail"]
     assert (peers["a"]["agreement"], peers["a"]["evidence"]) == (True, 0.0)
     text = _text(watcher)
     assert (value(text, "specwatch_peer_agreement", server="c", peer_group="tiny"),
@@ -146,20 +166,40 @@ async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of
     assert said == [("peers_disagree", "c", "answers")]
 
 
+async def test_a_member_that_stops_answering_becomes_unknown_and_the_rest_go_on(watcher_of: Build,
+                                                                                clock: FakeClock) -> None:
+    fakes = _pool()
+    watcher = watcher_of(fakes)
+    await _rounds(watcher, clock, times=3)
+    assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "c": True}
+    fakes["c"].tokens = 0  # empty answers (#27572): no token to compare, so no "agrees"
+    await _rounds(watcher, clock, times=MISSED + 2)  # a round counts once the next is over
+    peers = _document(watcher, clock)
+    assert peers["c"]["agreement"] is None and "did not answer the last" in peers["c"]["detail"]
+    assert (peers["a"]["agreement"], peers["b"]["agreement"]) == (True, True)
+    text = _text(watcher)
+    assert value(text, "specwatch_peer_agreement", server="c", peer_group="tiny") is None
+    assert value(text, "specwatch_peer_missed_rounds", server="c", peer_group="tiny") >= MISSED
+    assert value(text, "specwatch_peer_probe_failures_total", server="c", reason="no_logprobs") >= MISSED
+    fakes["c"].tokens = None
+    await _rounds(watcher, clock, times=3)
+    assert _document(watcher, clock)["c"]["agreement"] is True  # answering again, agreeing again
+
+
 async def test_a_difference_below_the_margin_agrees(watcher_of: Build, clock: FakeClock) -> None:
     watcher = watcher_of(_pool(token_probability=0.699))  # 0.0014 a token: no eval's number moves
-    await _rounds(watcher, clock, times=3)
+    await _rounds(watcher, clock, times=4)
     assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "c": True}
 
 
 async def test_a_speculating_replica_is_held_to_its_plain_peers_texts(watcher_of: Build, clock: FakeClock) -> None:
     fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None), "d": FakeLlama.draft(tokens=None)}
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=3)
     assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "d": True}
     fakes["d"].cycle_shift = 2  # its text is not the model's
     fakes["d"].media_marker = "<__media_restarted__>"
-    await _rounds(watcher, clock, times=2)
+    await _rounds(watcher, clock, times=6)
     assert _document(watcher, clock)["d"]["kind"] == "answers"
 
 
@@ -187,7 +227,7 @@ async def test_a_configured_group_joins_servers_of_other_names_and_a_reload_move
              "b": FakeLlama.plain(tokens=None, model_alias="two", model_path="/m/tiny.gguf")}
     servers = [{"name": n, "url": f"http://{n}:8080", "peer_group": "pool"} for n in fakes]
     watcher = watcher_of(fakes, servers=servers)
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=3)
     peers = _document(watcher, clock)
     assert peers["a"]["group"] == "pool" and peers["a"]["agreement"] is True
     settings = Settings(servers=[{"name": n, "url": f"http://{n}:8080"} for n in fakes], canary_endpoints=["chat"])
@@ -202,7 +242,7 @@ async def test_a_pair_that_differs_is_said_once_for_the_group_without_a_majority
                         status={"tiny": "loaded", "big": "loaded"})
     fakes = {"router": router, "plain": FakeLlama.plain(tokens=None, model_alias="tiny", cycle_shift=3)}
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=6)
     peers = _document(watcher, clock)
     assert peers["router/big"] is None
     assert (peers["plain"]["agreement"], peers["plain"]["kind"], peers["plain"]["held_against"], peers["plain"]["split"]) == (
@@ -216,7 +256,7 @@ async def test_a_build_or_file_name_of_its_own_is_shown_never_counted(watcher_of
     fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None, build_info="b9-other"),
              "c": FakeLlama.plain(tokens=None, model_path="/elsewhere/tiny-copy.gguf")}
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock, times=2)
+    await _rounds(watcher, clock, times=3)
     peers = _document(watcher, clock)
     assert {k: p["agreement"] for k, p in peers.items()} == {"a": True, "b": True, "c": True}
     assert peers["b"]["deployment"] == "build 'b9-other', the group's 'b0-unknown'"
@@ -226,15 +266,14 @@ async def test_a_build_or_file_name_of_its_own_is_shown_never_counted(watcher_of
 
 async def test_a_poll_that_changes_nothing_compares_nothing(watcher_of: Build, clock: FakeClock,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from specwatch.daemon import peering
-
     compared: list[set[str]] = []
+    judge = Comparing.judge
 
-    def counted(peers, **kw):
+    def counted(self, peers):
         compared.append(set(peers))
-        return compare(peers, **kw)
+        return judge(self, peers)
 
-    monkeypatch.setattr(peering, "compare", counted)
+    monkeypatch.setattr(Comparing, "judge", counted)
     fakes = _pool()
     watcher = watcher_of(fakes)
     await _rounds(watcher, clock)
@@ -257,7 +296,7 @@ async def test_a_restart_is_held_to_its_own_answers_with_its_evidence_begun_anew
                                                                                 clock: FakeClock) -> None:
     fakes = _pool(cycle_shift=1)
     watcher = watcher_of(fakes, canary_endpoints=["chat"])
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=6)
     assert _document(watcher, clock)["c"]["kind"] == "answers"
     # Restarted on the right weights, same file name, build and slots: the fill-in verdict stands, the answers go.
     fakes["c"].cycle_shift, fakes["c"].media_marker = 0, "<__media_restarted__>"
@@ -265,10 +304,9 @@ async def test_a_restart_is_held_to_its_own_answers_with_its_evidence_begun_anew
     watcher.peers.settle()
     assert _document(watcher, clock)["c"]["agreement"] is None  # nothing of the new process to compare yet
     assert watcher.fleet.get("c").model().canaries  # the fill-in verdict of the same setup is kept
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=3)
     peers = _document(watcher, clock)["c"]
-    assert (peers["agreement"], peers["evidence"]) == (True, 0.0)
-    assert _asked(fakes["c"]).count(QUESTIONS[0]) == 2  # the new process was asked every question afresh
+    assert (peers["agreement"], peers["evidence"]) == (True, 0.0)  # its old process's evidence is not its own
 
 
 async def test_no_group_is_judged_before_every_server_was_polled_once(watcher_of: Build, clock: FakeClock) -> None:
@@ -287,38 +325,29 @@ async def test_no_group_is_judged_before_every_server_was_polled_once(watcher_of
         await watcher.ask_meta(name)
     watcher.peers.settle()
     peers = _document(watcher, clock)
-    assert {n: peers[n]["agreement"] for n in fakes} == {"a": True, "b": False, "c": False, "d": True, "e": True}
+    # Another file's content differs at once; the same file is no proof of the same weights: no answer counted yet.
+    assert {n: peers[n]["agreement"] for n in fakes} == {"a": None, "b": False, "c": False, "d": None, "e": None}
 
 
-async def test_no_question_is_judged_before_every_member_answered_it(watcher_of: Build, clock: FakeClock) -> None:
+async def test_a_round_counts_once_it_is_over_with_every_member_answer_in_it(watcher_of: Build,
+                                                                             clock: FakeClock) -> None:
+    from specwatch.daemon.cadence import round_of
+
     fakes = _pool(token_probability=0.3)
     watcher = watcher_of(fakes)
     for name in fakes:
         await watcher.poll(name)
         await watcher.ask_meta(name)
-    for name in ("a", "c"):  # b has not answered the peer probe yet: c is not held against a alone
-        await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
+    now = round_of(clock(), watcher.settings.canary_interval)
+    for name in ("a", "c"):  # b has not had its turn yet: c is not held against a alone
+        await watcher.peer_round(name, "", (now,))
     watcher.peers.settle()
-    # The fingerprints agree; no answer was counted for anyone.
-    assert {k: (p["agreement"], p["evidence"]) for k, p in _document(watcher, clock).items()} == {
-        "a": (True, 0.0), "b": (True, 0.0), "c": (True, 0.0)}
-    await watcher.peer_round("b", "", tuple(range(len(QUESTIONS))))
+    assert {k: p["evidence"] for k, p in _document(watcher, clock).items()} == {"a": None, "b": None, "c": None}
+    clock.advance(watcher.settings.canary_interval / 2)
+    await watcher.peer_round("b", "", (now,))  # its turn came late in the round: every member has had one
+    test = watcher.peers._tests["tiny"]
+    assert test.through == now and {k: e.answers for k, e in test.evidence.items()} == {"a": 1, "b": 1, "c": 1}
+    await watcher.peer_round("a", "", (now + 1,))
+    clock.advance(watcher.settings.canary_interval * 2)  # b and c never had their turn at the next: it closes anyway
     watcher.peers.settle()
-    assert _document(watcher, clock)["c"]["agreement"] is False
-
-
-async def test_a_burst_that_measured_no_noise_is_asked_again_a_quarter_hour_later(watcher_of: Build,
-                                                                                 clock: FakeClock) -> None:
-    from specwatch.core.runner import REBURST_SECONDS
-
-    fakes = _pool(total_slots=4)
-    watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)
-    first = len(_asked(fakes["c"]))
-    assert first == len(QUESTIONS) * (1 + BURST)
-    await _rounds(watcher, clock)  # a minute on: one question, alone
-    assert len(_asked(fakes["c"])) == first + 1
-    clock.advance(REBURST_SECONDS)
-    await _rounds(watcher, clock)  # its slots looked full (a look-alike's copies answer alike): a burst again
-    assert len(_asked(fakes["c"])) == first + 1 + 1 + BURST
-    assert len(_asked(fakes["a"])) == len(QUESTIONS) + 2  # one slot: never a burst
+    assert test.through == now + 1 and test.evidence["b"].missed == 1 and test.evidence["a"].missed == 0

@@ -18,7 +18,7 @@ from alerts.generate import DEPLOYMENT, FIELD, FINGERPRINT, ConfigError, Recorde
 from specwatch.daemon.discovery import SourceStatus
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
-from specwatch.probe.peerprobe import QUESTIONS
+from tests.support.fakes import peer_round
 from tests.support import markdown
 from tests.support.chain import (
     ALERTS,
@@ -323,9 +323,7 @@ async def _full_exposition(make_watcher) -> str:
         await watcher.ask_meta(name)
     await watcher.canary("router", "hot")
     fakes["rotated"].api_key = "rotated since its poll"
-    for name in ("plain", "draft", "rotated"):
-        await watcher.peer_round(name, "", tuple(range(len(QUESTIONS))))
-    watcher.peers.settle()
+    await peer_round(watcher, ("plain", "draft", "rotated"))
     registry = CollectorRegistry(auto_describe=False)
     sources = (SourceStatus("file_sd[0]", 3, True, 1_699_999_000.0),)
     registry.register(SpecwatchCollector(watcher.fleet, lambda: ExporterStatus(15.0, 60.0, True, 1_699_999_000.0,

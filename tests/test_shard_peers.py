@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import itertools
 from collections.abc import AsyncIterator, Callable
 
@@ -42,13 +44,15 @@ async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
         await client.aclose()
 
 
-async def _samples(watcher: Watcher, clock: FakeClock) -> dict:
-    clock.advance(60)
-    for state in watcher.fleet.snapshot():
-        await watcher.poll(state.config.name)
-        await watcher.ask_meta(state.config.name)
-        await watcher.canary(state.config.name)
-    watcher.peers.settle()
+async def _samples(watcher: Watcher, clock: FakeClock, rounds: int = 1) -> dict:
+    """`rounds` canary_intervals, each server ticked with the canaries and peer probes due; then /metrics."""
+    for _ in range(rounds):
+        clock.advance(60)
+        for state in watcher.fleet.snapshot():
+            await watcher.tick(state.config.name)
+        while watcher._rounds:
+            await asyncio.gather(*watcher._rounds)
+        watcher.peers.settle()
     return parse(TextRenderer(watcher.fleet, lambda: ExporterStatus(15.0, 60.0)).text().decode())
 
 
@@ -80,7 +84,7 @@ async def test_a_shard_compares_a_configured_group_it_watches_whole(watcher_of: 
     fakes = {**FAKES, "eval-b": FakeLlama.plain(tokens=None)}
     servers = [{"name": n, "url": f"http://{n}:8080", "peer_group": "eval"} for n in fakes]
     watcher = watcher_of(fakes, servers, configured_only=True)
-    samples = await _samples(watcher, clock)
+    samples = await _samples(watcher, clock, rounds=3)  # a round counts once the next one is over
     agreement = {n: find(samples, "specwatch_peer_agreement", server=n, peer_group="eval") for n in fakes}
     assert agreement == {"eval-a": 1, "eval-b": 1, "eval-c": 0}
 

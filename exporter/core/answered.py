@@ -31,6 +31,8 @@ class PeerAnswers:
     """Unix time the last peer probe began."""
     asked_round: int | None = None
     """The round the last peer probe asked."""
+    turn: int | None = None
+    """The last round whose probe ended, answered or failed: its group need not wait for it there."""
     failure: str | None = None
     """Why the last peer probe failed, as "reason: detail"; None after a success."""
     outcomes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
@@ -48,12 +50,13 @@ class PeerAnswers:
         answers[question] = answer
         kept = dict(sorted(answers.items())[-KEEP:])
         spreads = self.spreads if spread is None else (*self.spreads, spread)[-NOISE_SAMPLES:]
-        return replace(self, answers=MappingProxyType(kept), spreads=spreads, failure=None,
+        return replace(self, answers=MappingProxyType(kept), spreads=spreads, failure=None, turn=question,
                        outcomes=_bumped(self.outcomes, "success", copies))
 
-    def failed(self, reason: Reason, detail: str) -> PeerAnswers:
+    def failed(self, question: int, reason: Reason, detail: str) -> PeerAnswers:
+        """After a probe of round `question` that failed."""
         return replace(self, failure=f"{reason}: {detail}", outcomes=_bumped(self.outcomes, "failure"),
-                       failures=_bumped(self.failures, reason))
+                       failures=_bumped(self.failures, reason), turn=question)
 
     def anew(self) -> PeerAnswers:
         """For another process: its answers and noise are its own to give; the counters go on."""

@@ -89,6 +89,8 @@ class Peer:
     answers: Mapping[int, Logprobs] = field(default_factory=dict)
     noise: float | None = None
     """How far copies of one prompt asked at once part on it, typically (PeerAnswers.noise); None until measured."""
+    turn: int | None = None
+    """The last round whose probe ended on it, answered or failed (PeerAnswers.turn)."""
 
 
 @dataclass(frozen=True)
@@ -289,13 +291,18 @@ class Comparing(Generic[K]):
         self._noisy.pop(member, None)
 
     def count(self, peers: Mapping[K, Peer], before: int) -> int:
-        """Count every round before `before` that some member answered and none counted yet, in order; how many."""
-        rounds = sorted({q for p in peers.values() for q in p.answers
-                         if q < before and (self.through is None or q > self.through)})
+        """Count, in order, every round some member answered and none counted yet that is over: every member answering
+        has had its turn at it, or it is before `before` (the late ones missed it); how many."""
+        rounds = sorted({q for p in peers.values() for q in p.answers if self.through is None or q > self.through})
+        answering = [p for p in peers.values() if p.fingerprint is not None]
+        counted = 0
         for question in rounds:
+            if question >= before and not all(p.turn is not None and p.turn >= question for p in answering):
+                break  # a member has yet to have its turn: the rounds after it wait too
             self._count(peers, question)
             self.through = question
-        return len(rounds)
+            counted += 1
+        return counted
 
     def _count(self, peers: Mapping[K, Peer], question: int) -> None:
         answering = {k: p for k, p in peers.items() if p.fingerprint is not None}

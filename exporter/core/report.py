@@ -122,6 +122,9 @@ class PeersEntry:
     """How its deployment (build, file name) differs from the group's: shown, never counted."""
     noisy: bool = False
     """Its own noise stands far over its group's (core.evidence.NOISY): a server to look at, whatever its agreement."""
+    missed_rounds: int = 0
+    """Peer-probe rounds in a row its group answered and it did not: from core.evidence.MISSED on, its agreement is
+    unknown and a gate refuses to call it agreeing."""
 
 
 def peers_entry(standing: Standing) -> PeersEntry:
@@ -133,7 +136,7 @@ def peers_entry(standing: Standing) -> PeersEntry:
         held_against=list(comparison.held_against) if differs else [],
         evidence=None if comparison.agreement is None else round(comparison.evidence.share, 3),
         group_agreement=standing.group_agreement, split=standing.split, detail=comparison.detail,
-        deployment=comparison.deployment, noisy=comparison.noisy,
+        deployment=comparison.deployment, noisy=comparison.noisy, missed_rounds=comparison.evidence.missed,
     )
 
 

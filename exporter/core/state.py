@@ -100,7 +100,7 @@ class ModelState:
         fingerprint = self.fingerprint()
         if fingerprint is None or not self.loaded:
             return None
-        return Peer(fingerprint, self.peer_answers.answers, self.peer_answers.noise)
+        return Peer(fingerprint, self.peer_answers.answers, self.peer_answers.noise, self.peer_answers.turn)
 
 
     @property
@@ -339,7 +339,7 @@ class Fleet:
             return None
         held = model.peer_answers
         if answer is None or reason is not None:
-            held = held.failed(reason or Reason.INTERNAL, detail)
+            held = held.failed(question, reason or Reason.INTERNAL, detail)
         else:
             held = held.answered(question, answer, spread, copies=copies)
         return self._update_model(name, key, {"peer_answers": held})

@@ -42,6 +42,8 @@ class PeerBoard:
         """Each server's models by key, with their group."""
         self._dirty: set[str] = set()
         self._compared_at: dict[str, float] = {}
+        self._closed: int | None = None
+        """The last round seen closed."""
         self._inputs: dict[Member, _Brought] = {}
         """What each member's last comparison was made of: a poll that changes none of it compares nothing again."""
         self._unpolled: set[str] = set()
@@ -154,7 +156,11 @@ class PeerBoard:
             self._dirty.discard(group)
 
     def settle(self) -> None:
-        """Compare every group that changed and was not compared too recently."""
+        """Compare every group that changed (or whose round just closed) and was not compared too recently."""
+        closed = round_of(self._clock(), self.interval) - 1
+        if closed != self._closed:
+            self._closed = closed  # a round is over: counted whether or not anything changed since
+            self._dirty.update(self._groups)
         if not self._dirty or self._unpolled:
             return
         now = self._monotonic()

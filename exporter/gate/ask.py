@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from ..core.evidence import MISSED
 from ..core.report import VERDICTS_PATH, EndpointEntry, PeersEntry, VerdictsDocument, read_verdicts
 from ..core.verdict import SEVERITY, Decision, Disagreement, Verdict, among_peers, held, selection_verdict
 from ..probe.http.client import Client, new_client
@@ -83,8 +84,8 @@ class AskReport:
     disagreeing: list[str] = field(default_factory=list)
     """The selected replicas that disagree with their peer group (the exit code is then 1, whatever the verdict)."""
     undecided: list[str] = field(default_factory=list)
-    """The selected replicas in a peer group whose standing is unknown (no round counted yet, or it stopped answering
-    the rounds its group answers): the exit code is then 2, never clean, unless one differs."""
+    """The selected replicas that stopped answering the peer probe rounds their group answers (their standing is
+    unknown): the exit code is then 2, never clean, unless one differs."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,7 +194,8 @@ async def ask(
     disagreements = [d for m in report.models if (d := m.disagreement) is not None]
     report.disagreeing = [d.name for d in disagreements]
     report.undecided = [] if disagreements else [m.server + (f"/{m.model}" if m.model else "") for m in report.models
-                                                 if m.peers is not None and m.peers.agreement is None]
+                                                 if m.peers is not None and m.peers.agreement is None
+                                                 and m.peers.missed_rounds >= MISSED]
     decision, exit_code = among_peers(decision, disagreements, report.undecided)
     decision.onto(report).exit_code = exit_code  # a disagreement makes it 1 whatever the verdict, an unknown one 2
     return report

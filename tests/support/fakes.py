@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import httpx
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -131,3 +132,19 @@ def stop_all() -> None:
     """Stop every look-alike a test started."""
     while _open:
         _open.pop().stop()
+
+
+async def peer_round(watcher: Any, names: Iterable[str]) -> None:
+    """The peer probe's current round asked of each of `names` in turn, then their groups compared."""
+    from specwatch.daemon.cadence import round_of
+
+    import asyncio
+
+    from specwatch.daemon.peering import SECONDS_PER_MEMBER
+
+    now = round_of(watcher._clock(), watcher.settings.canary_interval)
+    names = list(names)
+    for name in names:
+        await watcher.peer_round(name, "", (now,))
+    await asyncio.sleep(SECONDS_PER_MEMBER * (len(names) + 1))  # a group is compared at most this often
+    watcher.peers.settle()
