@@ -117,7 +117,7 @@ async def test_meta_is_asked_once_per_process(watcher_of: Build, clock: FakeCloc
 async def test_the_peer_probe_asks_every_question_first_then_one_an_interval(watcher_of: Build, clock: FakeClock) -> None:
     fakes = _pool(total_slots=4)
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)  # a is asked once b, polled after it, makes it a peer
+    await _rounds(watcher, clock, times=2)  # the first full canary rounds, then the peer probe's first round
     assert _asked(fakes["a"]) == list(QUESTIONS)  # one slot: nothing batches, no burst
     # Four slots: each question asked five times at once.
     assert _asked(fakes["c"]) == [q for q in QUESTIONS for _ in range(1 + BURST)]
@@ -133,7 +133,7 @@ async def test_the_peer_probe_asks_every_question_first_then_one_an_interval(wat
 async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of: Build, clock: FakeClock) -> None:
     watcher = watcher_of(_pool(token_probability=0.5))  # log 0.7 - log 0.5 = 0.336 a token, 11 times the margin
     with structlog.testing.capture_logs() as logs:
-        await _rounds(watcher, clock)  # the first round: six answers, decided
+        await _rounds(watcher, clock, times=2)  # the canaries' first round, then the peer probe's: six answers, decided
     peers = _document(watcher, clock)
     assert (peers["c"]["agreement"], peers["c"]["kind"], peers["c"]["held_against"], peers["c"]["evidence"]) == (
         False, "answers", ["a", "b"], 1.0)
@@ -202,7 +202,7 @@ async def test_a_pair_that_differs_is_said_once_for_the_group_without_a_majority
                         status={"tiny": "loaded", "big": "loaded"})
     fakes = {"router": router, "plain": FakeLlama.plain(tokens=None, model_alias="tiny", cycle_shift=3)}
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=2)  # the peer probe asks after the first full canary round
     peers = _document(watcher, clock)
     assert peers["router/big"] is None
     assert (peers["plain"]["agreement"], peers["plain"]["kind"], peers["plain"]["held_against"], peers["plain"]["split"]) == (
@@ -257,7 +257,7 @@ async def test_a_restart_is_held_to_its_own_answers_with_its_evidence_begun_anew
                                                                                 clock: FakeClock) -> None:
     fakes = _pool(cycle_shift=1)
     watcher = watcher_of(fakes, canary_endpoints=["chat"])
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=2)  # the peer probe asks after the first full canary round
     assert _document(watcher, clock)["c"]["kind"] == "answers"
     # Restarted on the right weights, same file name, build and slots: the fill-in verdict stands, the answers go.
     fakes["c"].cycle_shift, fakes["c"].media_marker = 0, "<__media_restarted__>"
@@ -313,7 +313,7 @@ async def test_a_burst_that_measured_no_noise_is_asked_again_a_quarter_hour_late
 
     fakes = _pool(total_slots=4)
     watcher = watcher_of(fakes)
-    await _rounds(watcher, clock)
+    await _rounds(watcher, clock, times=2)  # the peer probe asks after the first full canary round
     first = len(_asked(fakes["c"]))
     assert first == len(QUESTIONS) * (1 + BURST)
     await _rounds(watcher, clock)  # a minute on: one question, alone

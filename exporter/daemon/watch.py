@@ -23,8 +23,9 @@ from ..probe.peerprobe import BURST
 from ..probe.probes import PLAIN, KnownSlots
 from ..settings.schema import Settings
 from ..settings.targets import ServerConfig
-from .cadence import Round, due, peers_due, slots_known
+from .cadence import Round, canary_first, due, peers_due, slots_known
 from .peering import PeerBoard
+from .shard import phase
 
 log = structlog.get_logger("specwatch")
 _CANCELLED = {"poll": "poll_cancelled", "canary": "canary_cancelled", "peers": "peer_probe_cancelled"}
@@ -177,9 +178,13 @@ class Watcher(Runner):
             found = due(model, now, interval=self.settings.canary_interval, tokens=self.settings.canary_tokens,
                         tokens_speculating=self.settings.canary_tokens_speculating,
                         poll_interval=self.settings.poll_interval)
-            canary = found is not None and ("canary", name, key) not in self._in_flight
+            canarying = ("canary", name, key) in self._in_flight
+            canary = found is not None and not canarying
+            # The canary first: no question while one of its rounds is in flight, none before its first full round
+            # in this process, and one due now goes ahead of the questions on the same connection.
+            first = not canarying and canary_first(model, now, phase=self._phase(name, key))
             questions = peers_due(model, now, interval=self.settings.canary_interval,
-                                  poll_interval=self.settings.poll_interval) if self.peers.compared(name, key) else None
+                                  poll_interval=self.settings.poll_interval) if first and self.peers.compared(name, key) else None
             ask = bool(questions) and ("peers", name, key) not in self._in_flight
             if canary and ask:
                 self._start(self._one_after_the_other(name, key, found, questions))  # type: ignore[arg-type]
@@ -187,6 +192,10 @@ class Watcher(Runner):
                 self._start(self.canary(name, key, found))
             elif ask:
                 self._start(self.peer_round(name, key, questions))  # type: ignore[arg-type]
+
+    def _phase(self, name: str, key: str) -> float:
+        """How long after its first full canary round a member's first peer round waits: its share of canary_interval."""
+        return phase(f"{name}\0{key}", "peers") * self.settings.canary_interval
 
     async def _one_after_the_other(self, name: str, key: str, rounds: Round, questions: tuple[int, ...]) -> None:
         """The canary round, then the peer probe: on the connection the canary left open, and never both at once."""
