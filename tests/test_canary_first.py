@@ -1,5 +1,5 @@
 """The canary first (issue 37): no peer probe before a model's first full canary round has ended or while a canary of it
-is in flight, and the members' first peer rounds spread over one canary_interval."""
+is in flight, the members' first peer rounds spread over one canary_interval, and a share of the slots of their own."""
 
 from __future__ import annotations
 
@@ -152,6 +152,38 @@ async def test_the_members_first_peer_rounds_are_spread_over_one_canary_interval
     assert len(set(offsets)) >= 3 and max(offsets.count(at) for at in offsets) <= len(names) // 2, offsets
     for name, at in first.items():  # each member at its own phase, the first poll at or after it
         assert 0 <= at - start - phase(f"{name}\0", "peers") * 60 < 15
+
+
+@pytest.mark.parametrize("concurrency", [2, 4, 8])
+async def test_peer_probes_in_flight_never_take_the_canaries_or_polls_slots(watched: Build, clock: FakeClock,
+                                                                           concurrency: int) -> None:
+    names = ["a", "b", "c", "d", "e", "f"]
+    watcher, fleet = watched(names, max_concurrency=concurrency)
+    await _tick_all(watcher)
+    await _drain(watcher)
+    release = threading.Event()
+    for name in names:
+        fleet.servers[name].play(Held(release), PATH)  # every peer probe hangs, as a burst on busy servers would
+    share = max(1, concurrency // 4)
+    peers = [asyncio.create_task(watcher.peer_round(n, "", tuple(range(len(QUESTIONS))))) for n in names]
+    try:
+        await _until(lambda: sum(fleet.servers[n].count(PATH) for n in names) >= share)
+        await asyncio.sleep(0.2)
+        assert sum(fleet.servers[n].count(PATH) for n in names) == share  # their own share, no more
+        clock.advance(60)
+        # Canaries of as many servers as they may hold, and every poll, go through while the peer probes hang.
+        canaries = names[:max(1, concurrency // 2)]
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(watcher.canary(n) for n in canaries), *(watcher.poll(n) for n in names))
+        assert all(fleet.servers[n].count(CANARY) == 2 for n in canaries)
+    finally:
+        release.set()
+        await asyncio.gather(*peers)
+
+
+async def test_at_max_concurrency_1_the_peer_probe_waits_for_the_one_slot(watched: Build) -> None:
+    watcher, _ = watched(["a", "b"], max_concurrency=1)
+    assert watcher._peer_limit is watcher._limit  # never a second request in flight
 
 
 # canary_first on its own: the fill-in judgement of the process before any question.

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ log = structlog.get_logger("specwatch")
 _CANCELLED = {"poll": "poll_cancelled", "canary": "canary_cancelled", "peers": "peer_probe_cancelled"}
 REMIND_SECONDS = 600.0
 """A failure that goes on is logged again this often; counters and gauges carry every occurrence."""
+_PEER_PROBE: ContextVar[bool] = ContextVar("specwatch_peer_probe", default=False)
+"""Set while a task runs a peer round: the runner asks its gate as for a canary, and the peer probe has a share of its own."""
 
 
 @dataclass
@@ -80,7 +83,12 @@ class Watcher(Runner):
     def _set_limits(self, concurrency: int) -> None:
         # Probes in flight release the semaphores they took; new ones queue on the new ones. Canaries may hold half
         # the slots at most: a burst of them (an exporter start, a fleet-wide restart) must never delay the polls.
-        self._limit = asyncio.Semaphore(concurrency)
+        # Peer probes have a quarter of their own (one at least), apart from the slots polls and canaries share: a
+        # burst of them (every member's first round) must never delay a canary or a poll. Only at max_concurrency 1
+        # is there nothing to set apart, and the peer probe waits for the one slot as the others do.
+        share = max(1, concurrency // 4) if concurrency > 1 else 0
+        self._limit = asyncio.Semaphore(concurrency - share)
+        self._peer_limit = asyncio.Semaphore(share) if share else self._limit
         self._canary_limit = asyncio.Semaphore(max(1, concurrency // 2))
         self._concurrency = concurrency
 
@@ -142,6 +150,10 @@ class Watcher(Runner):
 
     @contextlib.asynccontextmanager
     async def _gate(self, *, canary: bool) -> AsyncIterator[None]:
+        if _PEER_PROBE.get():
+            async with self._peer_limit:
+                yield
+            return
         async with self._canary_limit if canary else contextlib.nullcontext(), self._limit:
             yield
 
@@ -274,7 +286,11 @@ class Watcher(Runner):
                 return
             slots = model.poll.props.total_slots
             burst = BURST if slots is None else min(BURST, slots) if slots > 1 else 0
-            await self.ask_peers(state.config, key, questions, burst=burst)
+            peering = _PEER_PROBE.set(True)
+            try:
+                await self.ask_peers(state.config, key, questions, burst=burst)
+            finally:
+                _PEER_PROBE.reset(peering)
 
     def _peer_asked(self, server: ServerConfig, key: str, question: int, measured: Measured[Logprobs],
                     change: Change | None) -> None:
