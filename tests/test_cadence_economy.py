@@ -68,7 +68,7 @@ async def settle(watcher: Watcher, schedule: Schedule) -> None:
 
 
 def _peer_probes(watcher: Watcher, name: str) -> int:
-    """Peer probe answers the server gave (each copy of a burst counted)."""
+    """Peer probe answers the server gave (each copy counted)."""
     model = _model(watcher, name)
     return model.peer_answers.outcomes.get("success", 0) if model is not None else 0
 
@@ -138,6 +138,11 @@ async def test_a_steady_server_stays_within_its_canary_budget(model: Path, tmp_p
             for name in ("plain", "draft"):
                 await wait_until_async(f"{name} verdict", lambda n=name: _verdict(watcher, n) not in (None, Verdict.UNCHECKED), timeout=30)
             await asyncio.sleep(interval)  # the first full round (and a second pass, if one runs) is over
+            # The peer probe's first round comes after the first full canary rounds, at each member's
+            # phase of an interval: the window begins once it is over.
+            for name in ("plain", "draft"):
+                await wait_until_async(f"{name}'s first peer round",
+                                       lambda n=name: _peer_probes(watcher, n) >= 1, timeout=30)
             # Both serve one model, so each also answers the peer probe: one question of TOKENS per canary_interval.
             before = {s.url: (await asyncio.to_thread(counters, s.url))[PREDICTED] for s in (plain, draft)}
             probes_before = {name: _peer_probes(watcher, name) for name in ("plain", "draft")}

@@ -363,7 +363,7 @@ def test_the_verdicts_document_reads_back_a_peers_object() -> None:
              "poll_age_seconds": 1.0, "max_age_seconds": 9.0, "max_poll_age_seconds": 9.0, "fresh": True,
              "peers": {"group": "gemma", "agreement": False, "kind": "fingerprint", "held_against": ["b", "c"],
                        "evidence": 0.0, "group_agreement": False, "split": False,
-                       "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": "", "noisy": False}}
+                       "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": "", "noisy": False, "missed_rounds": 0}}
     document = {"specwatch": "0.5", "generated_at": 0.0, "poll_interval_seconds": 15.0, "canary_interval_seconds": 60.0,
                 "verdicts": [], "servers": [{"server": "a", "url": "http://a:1", "labels": {}, "router": False, "up": True,
                                              "models": [model]}]}

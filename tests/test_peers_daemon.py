@@ -96,7 +96,8 @@ async def test_another_quantization_under_the_same_name_differs_at_once_by_finge
     peers = _document(watcher, clock)
     assert peers["c"] == {"group": "tiny", "agreement": False, "kind": "fingerprint", "held_against": ["a", "b"],
                           "evidence": 0.0, "group_agreement": False, "split": False,
-                          "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": "", "noisy": False}
+                          "detail": "ftype 'Q4_0', the group's 'Q4_K - Medium'", "deployment": "", "noisy": False,
+                          "missed_rounds": 0}
     assert (peers["a"]["agreement"], peers["a"]["kind"], peers["a"]["group_agreement"]) == (True, None, False)
     said = [(e["event"], e["server"], e.get("kind")) for e in logs if e["event"].startswith("peers_")]
     assert said == [("peers_disagree", "c", "fingerprint")]  # once, not at every comparison
@@ -348,6 +349,6 @@ async def test_a_round_counts_once_it_is_over_with_every_member_answer_in_it(wat
     test = watcher.peers._tests["tiny"]
     assert test.through == now and {k: e.answers for k, e in test.evidence.items()} == {"a": 1, "b": 1, "c": 1}
     await watcher.peer_round("a", "", (now + 1,))
-    clock.advance(watcher.settings.canary_interval * 2)  # b and c never had their turn at the next: it closes anyway
+    clock.advance(watcher.settings.canary_interval * 3)  # b and c never had their turn at the next: it closes anyway
     watcher.peers.settle()
     assert test.through == now + 1 and test.evidence["b"].missed == 1 and test.evidence["a"].missed == 0

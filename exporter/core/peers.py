@@ -313,14 +313,17 @@ class Comparing(Generic[K]):
         if self.reference is not None and reference is None:
             return  # a round the reference did not record says nothing against it
         scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference)
-        if not scored:
+        if not answers:
             return
         against = "the reference" if reference is not None else "its group"
         for k in answering:
             before = self.evidence.get(k, Cusum())
             found = scored.get(k)
             if found is None:
-                self.evidence[k] = before.missing()
+                # Another answered and it did not, or its answer had nothing to compare (all fill-ins, no tokens):
+                # missed. One that answered alone, with no peer to be held to, is merely not scored.
+                if k not in answers or scored:
+                    self.evidence[k] = before.missing()
                 continue
             self.evidence[k] = before.after(found.score)
             self._noisy[k] = found.noisy

@@ -100,8 +100,8 @@ class Runner:
         self._clock = clock
         self._monotonic = monotonic
 
-    def _gate(self, *, canary: bool) -> contextlib.AbstractAsyncContextManager[object]:
-        """Held while a probe runs: the daemon bounds how many are in flight."""
+    def _gate(self, *, canary: bool, peers: bool = False) -> contextlib.AbstractAsyncContextManager[object]:
+        """Held while a probe runs: the daemon bounds how many are in flight, the peer probe's apart."""
         return contextlib.nullcontext()
 
     async def _measure(self, run: Callable[[], Awaitable[T]], timeout: float, *, canary: bool = False) -> Measured[T]:
@@ -174,7 +174,7 @@ class Runner:
                 return probes.peer_probe(self.fetcher, server, prompt, timeout=timeout, model=key or None,
                                          api_key=self.keys.key_of(server))
 
-            async with self._gate(canary=True):  # once for the copies: they must go out together
+            async with self._gate(canary=False, peers=True):  # once for the copies: they must go out together
                 together = await asyncio.gather(*(measure(ask, timeout, self._monotonic) for _ in range(max(1, copies))))
             first = together[0]
             if first.reason is Reason.NOT_LOADED:

@@ -110,6 +110,18 @@ def peers_due(model: ModelState, now: float, *, interval: float, poll_interval: 
     return (current,) if asked is None or asked < current else None
 
 
+def canary_first(model: ModelState, now: float, *, phase: float) -> bool:
+    """Whether the peer probe may ask `model` at `now` as far as its canaries go (the watcher adds: none in flight)."""
+    # The fill-in verdict is the mission, the comparison is not: no peer question while a full canary round is due,
+    # nor before one has begun in this process (the watcher holds it off while that round is in flight), so a
+    # one-slot server never answers a question while its canary waits behind it.
+    if model.full_round_due is not None or model.full_round_at is None:
+        return False
+    # A process's first round waits for the member's `phase` (a share of the canary_interval) after that full round
+    # began: the members of a fleet that starts together are asked over one interval, not all at its first seconds.
+    return model.peer_answers.asked_at is not None or now - model.full_round_at >= phase
+
+
 def freshness_bound(model: ModelState, *, poll_interval: float, interval: float, timeout: float,
                     tokens: int = DEFAULT_TOKENS, tokens_speculating: int = DEFAULT_TOKENS_SPECULATING) -> float:
     """How old the oldest endpoint's last successful canary may be before a verdict resting on it is stale.

@@ -23,15 +23,14 @@ from ..probe.peerprobe import COPIES
 from ..probe.probes import PLAIN, KnownSlots
 from ..settings.schema import Settings
 from ..settings.targets import ServerConfig
-from .cadence import Round, due, peers_due, slots_known
+from .cadence import Round, canary_first, due, peers_due, slots_known
 from .peering import PeerBoard
+from .shard import phase
 
 log = structlog.get_logger("specwatch")
 _CANCELLED = {"poll": "poll_cancelled", "canary": "canary_cancelled", "peers": "peer_probe_cancelled"}
 REMIND_SECONDS = 600.0
 """A failure that goes on is logged again this often; counters and gauges carry every occurrence."""
-
-
 @dataclass
 class _Streak:
     """A run of trouble on one server: logged when it starts, shows a reason it had not shown, ends, and every
@@ -80,7 +79,12 @@ class Watcher(Runner):
     def _set_limits(self, concurrency: int) -> None:
         # Probes in flight release the semaphores they took; new ones queue on the new ones. Canaries may hold half
         # the slots at most: a burst of them (an exporter start, a fleet-wide restart) must never delay the polls.
-        self._limit = asyncio.Semaphore(concurrency)
+        # Peer probes have a quarter of their own (one at least), apart from the slots polls and canaries share: a
+        # burst of them (every member's first round) must never delay a canary or a poll. Only at max_concurrency 1
+        # is there nothing to set apart, and the peer probe waits for the one slot as the others do.
+        share = max(1, concurrency // 4) if concurrency > 1 else 0
+        self._limit = asyncio.Semaphore(concurrency - share)
+        self._peer_limit = asyncio.Semaphore(share) if share else self._limit
         self._canary_limit = asyncio.Semaphore(max(1, concurrency // 2))
         self._concurrency = concurrency
 
@@ -141,7 +145,11 @@ class Watcher(Runner):
             self._in_flight.discard(key)
 
     @contextlib.asynccontextmanager
-    async def _gate(self, *, canary: bool) -> AsyncIterator[None]:
+    async def _gate(self, *, canary: bool, peers: bool = False) -> AsyncIterator[None]:
+        if peers:
+            async with self._peer_limit:
+                yield
+            return
         async with self._canary_limit if canary else contextlib.nullcontext(), self._limit:
             yield
 
@@ -178,9 +186,13 @@ class Watcher(Runner):
             found = due(model, now, interval=self.settings.canary_interval, tokens=self.settings.canary_tokens,
                         tokens_speculating=self.settings.canary_tokens_speculating,
                         poll_interval=self.settings.poll_interval)
-            canary = found is not None and ("canary", name, key) not in self._in_flight
+            canarying = ("canary", name, key) in self._in_flight
+            canary = found is not None and not canarying
+            # The canary first: no question while one of its rounds is in flight, none before its first full round
+            # in this process, and one due now goes ahead of the questions on the same connection.
+            first = not canarying and canary_first(model, now, phase=self._phase(name, key))
             questions = peers_due(model, now, interval=self.settings.canary_interval,
-                                  poll_interval=self.settings.poll_interval) if self.peers.compared(name, key) else None
+                                  poll_interval=self.settings.poll_interval) if first and self.peers.compared(name, key) else None
             ask = bool(questions) and ("peers", name, key) not in self._in_flight
             if canary and ask:
                 self._start(self._one_after_the_other(name, key, found, questions))  # type: ignore[arg-type]
@@ -188,6 +200,10 @@ class Watcher(Runner):
                 self._start(self.canary(name, key, found))
             elif ask:
                 self._start(self.peer_round(name, key, questions))  # type: ignore[arg-type]
+
+    def _phase(self, name: str, key: str) -> float:
+        """How long after its first full canary round a member's first peer round waits: its share of canary_interval."""
+        return phase(f"{name}\0{key}", "peers") * self.settings.canary_interval
 
     async def _one_after_the_other(self, name: str, key: str, rounds: Round, questions: tuple[int, ...]) -> None:
         """The canary round, then the peer probe: on the connection the canary left open, and never both at once."""

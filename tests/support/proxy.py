@@ -1,4 +1,4 @@
-"""A small reverse proxy on loopback for the gate's tests: round-robin per request or per connection, or /v1 only."""
+"""A small reverse proxy on loopback for tests: round-robin per request or per connection, or /v1 only; every exchange timed."""
 
 from __future__ import annotations
 
@@ -6,11 +6,23 @@ import asyncio
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import httpx
 
 from tests.support.net import HOST
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request forwarded: its path and body, when it arrived and when its answer's end was sent (time.monotonic())."""
+
+    path: str
+    body: bytes
+    arrived: float
+    answered: float
 
 
 class Proxy:
@@ -27,6 +39,8 @@ class Proxy:
         self._turn = itertools.cycle(range(len(self.upstreams)))
         self.served: list[tuple[str, str]] = []
         """(upstream, path) of every request forwarded."""
+        self.exchanges: list[Exchange] = []
+        """Every request forwarded and answered, in the order their answers ended."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="test-proxy", daemon=True)
         self._server: asyncio.Server | None = None
@@ -78,6 +92,7 @@ class Proxy:
             await writer.drain()
             return True
         upstream = fixed or self.upstreams[next(self._turn)]
+        arrived = time.monotonic()
         self.served.append((upstream, target.split("?", 1)[0]))
         forwarded = {k: v for k, v in headers.items() if k in ("authorization", "content-type", "accept")}
         async with client.stream(method, upstream + target, headers=forwarded, content=body) as answer:
@@ -88,6 +103,8 @@ class Proxy:
                 if chunk:
                     writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     await writer.drain()
+            answered = time.monotonic()  # before the answer's end goes: the client cannot have read it all earlier
             writer.write(b"0\r\n\r\n")
             await writer.drain()
+        self.exchanges.append(Exchange(target.split("?", 1)[0], body, arrived, answered))
         return headers.get("connection", "").lower() != "close"
