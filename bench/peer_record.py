@@ -199,7 +199,7 @@ def request(prompt: str) -> dict[str, Any]:
     """Exactly what the peer probe sends, with `prompt` in place of its question."""
     from specwatch.probe.peerprobe import body
 
-    return {**body(0), "prompt": prompt}
+    return body(prompt)
 
 
 def _post(url: str, path: str, body: dict[str, Any], timeout: float = 300) -> Any:
