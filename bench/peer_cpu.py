@@ -10,10 +10,10 @@ import time
 import structlog
 
 from specwatch.core.state import Fleet
+from specwatch.daemon.cadence import round_of
 from specwatch.daemon.peering import PeerBoard
 from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.fetch import Fetcher
-from specwatch.probe.peerprobe import QUESTIONS
 from specwatch.settings.schema import Settings
 from tests.support.fakes import fake_fleet
 from tests.support.wire import FakeLlama
@@ -36,26 +36,28 @@ class _Timed(PeerBoard):
 
 
 async def run(servers: int, group: int) -> tuple[float, float]:
-    """(seconds of comparing per answer, seconds per answer in all) over one question after the first round."""
+    """(seconds of comparing per answer, seconds per answer in all) over one round after the first."""
     fakes = {f"s{i:05d}": FakeLlama.plain(tokens=None, model_alias=f"model-{i // group}",
-                                          token_probability=0.7 - 0.0001 * (i % 7))  # a few distinct answers a group
+                                          token_probability=0.7 - 0.00001 * i)  # no two answers alike
              for i in range(servers)}
     settings = Settings(servers=[{"name": n, "url": f"http://{n}:8080"} for n in fakes], canary_endpoints=["completion"])
     async with fake_fleet(fakes).client() as client:
         watcher = Watcher(settings, Fleet(settings.servers, settings.canary_endpoints),
                           Fetcher(client, settings.max_response_bytes))
-        board = watcher.peers = _Timed(watcher.fleet, time.monotonic, max_gap=settings.poll_interval)
+        board = watcher.peers = _Timed(watcher.fleet, time.monotonic, time.time, max_gap=settings.poll_interval,
+                                       interval=settings.canary_interval)
         for name in fakes:
             await watcher.poll(name)
             await watcher.ask_meta(name)
-        every = tuple(range(len(QUESTIONS)))
+        now = round_of(time.time(), settings.canary_interval)
         for name in fakes:
-            await watcher.peer_round(name, "", every)  # the first round: every question, every standing new
+            await watcher.peer_round(name, "", (now,))  # the first round: every standing new
         board.settle()
         board.spent = 0.0
         started = time.perf_counter()
         for name in fakes:
-            await watcher.peer_round(name, "", (0,))
+            await watcher.peer_round(name, "", (now + 1,))
+        board._compared_at.clear()  # the round is counted now, not SECONDS_PER_MEMBER later
         board.settle()
         return board.spent / servers, (time.perf_counter() - started) / servers
 

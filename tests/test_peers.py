@@ -9,11 +9,32 @@ import math
 import pytest
 
 from specwatch.core.evidence import (
-    ALLOWANCE, CAP, FLOOR, GROSS, GROSS_ROUNDS, GROSS_WINDOW, MISSED, NOISY, THRESHOLD, Cusum, Difference, difference,
+    ALLOWANCE,
+    CAP,
+    FLOOR,
+    GROSS,
+    GROSS_ROUNDS,
+    GROSS_WINDOW,
+    MISSED,
+    NOISY,
+    THRESHOLD,
+    Cusum,
+    Difference,
+    difference,
     spread,
 )
 from specwatch.core.peers import (
-    ANSWERS, FINGERPRINT, OPT_OUT, Comparing, Fingerprint, Judgement, Peer, Reference, Standing, group_of, score_round,
+    ANSWERS,
+    FINGERPRINT,
+    OPT_OUT,
+    Comparing,
+    Fingerprint,
+    Judgement,
+    Peer,
+    Reference,
+    Standing,
+    group_of,
+    score_round,
 )
 from specwatch.core.report import peers_entry
 from specwatch.probe.logprobs import Logprobs, logprobs_of

@@ -18,7 +18,6 @@ from alerts.generate import DEPLOYMENT, FIELD, FINGERPRINT, ConfigError, Recorde
 from specwatch.daemon.discovery import SourceStatus
 from specwatch.daemon.exposition.registry import SpecwatchCollector
 from specwatch.daemon.exposition.samples import ExporterStatus
-from tests.support.fakes import peer_round
 from tests.support import markdown
 from tests.support.chain import (
     ALERTS,
@@ -34,6 +33,7 @@ from tests.support.chain import (
     rule_groups,
     runbook_anchors,
 )
+from tests.support.fakes import peer_round
 from tests.support.process import HANG
 from tests.support.wire import FakeLlama, FakeRouter
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 import itertools
 from collections.abc import AsyncIterator, Callable
 

@@ -3,14 +3,14 @@
 A model file's content (quantization, size, shape) counts at once: another file is another model. How it was deployed
 (the llama.cpp build, the file's name) is shown and never counts: a rolling upgrade or a renamed file changes no answer.
 
-Answers count round by round, every member having been asked one prompt: a member's distance to its group on that round
-is the lower median of its differences to up to SAMPLE other members (a member of a majority is near half of them at
-least, one off it is not), and its noise there is the larger of the distance its other members typically stand at on
-that round (their lower median, never its own) and its own noise (how far copies of one prompt asked at once parted,
-under its load), either at most NOISY times its group's noise (the other members' own, at least FLOOR). The score, distance over noise, counts through the
-sequential test of core/evidence.py. A group with a reference file is held to it instead: each member's difference to
-the reference's answer, which names the odd member of a pair and catches a group that is all wrong alike. Any group
-size costs each member SAMPLE differences a round.
+Answers count round by round, every member having been asked one prompt. A member's distance to its group on a round is
+the lower median of its differences to up to SAMPLE other members (a member of a majority is near half of them at
+least, one off it is not). Its noise there is the larger of the distance its other members typically stand at on that
+round (their lower median, never its own) and its own noise (how far copies of one prompt asked at once parted, under
+its load), either at most NOISY times its group's noise (the other members' own, at least FLOOR). The score, distance
+over noise, counts through the sequential test of core/evidence.py. A group with a reference file is held to it
+instead: each member's difference to the reference's answer, which names the odd member of a pair and catches a group
+that is all wrong alike. Any group size costs each member SAMPLE differences a round.
 """
 
 from __future__ import annotations

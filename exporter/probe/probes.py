@@ -169,8 +169,9 @@ async def peer_probe(
     """The peer probe's pool prompt `prompt`; `model` names a router's model (or the configured one), never loaded."""
     with _secret_free(api_key):
         query = "?autoload=false" if model else ""
-        answer = await fetcher.post_json(f"{target.url}{peerprobe.PATH}{query}", peerprobe.body(peerprobe.prompts()[prompt], model),
-                                         headers=auth_headers(api_key), timeout=timeout)
+        asked = peerprobe.body(peerprobe.prompts()[prompt], model)
+        answer = await fetcher.post_json(f"{target.url}{peerprobe.PATH}{query}", asked, headers=auth_headers(api_key),
+                                         timeout=timeout)
         logprobs, answered_by = peerprobe.read(answer)
         if model and answered_by and model not in names_of(answered_by):
             raise ProbeFailure(Reason.MODEL_MISMATCH, f"asked model {model!r}, answered by {answered_by[:100]!r}")

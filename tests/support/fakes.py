@@ -136,10 +136,9 @@ def stop_all() -> None:
 
 async def peer_round(watcher: Any, names: Iterable[str]) -> None:
     """The peer probe's current round asked of each of `names` in turn, then their groups compared."""
-    from specwatch.daemon.cadence import round_of
-
     import asyncio
 
+    from specwatch.daemon.cadence import round_of
     from specwatch.daemon.peering import SECONDS_PER_MEMBER
 
     now = round_of(watcher._clock(), watcher.settings.canary_interval)
