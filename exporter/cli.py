@@ -216,6 +216,24 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("files", nargs="+", metavar="FILE", help="a file of saved answers; - reads standard input")
     audit.add_argument("--json", action="store_true", help="print one object per file and the totals")
 
+    record = commands.add_parser(
+        "reference",
+        help="record a trusted server's answers to the peer probe, for a peer group to be held to",
+        description="Ask a trusted llama-server the peer probe's pool prompts (a fresh draw) and write its answers to a "
+        "reference file. A peer group held to it (peer_references: {GROUP: FILE} in the config) is compared with the "
+        "file as well as with itself: the odd member of a pair is named, and a group that is all wrong alike is caught.",
+        epilog="exit status: 0 recorded, 1 the server failed to answer (nothing written), 64 command-line usage error",
+    )
+    record.add_argument("url", metavar="URL", help=f"the trusted llama-server's base URL with its port, e.g. "
+                                                   f"http://127.0.0.1:{_PORT}")
+    record.add_argument("--out", type=Path, required=True, metavar="FILE", help="the reference file to write")
+    record.add_argument("--prompts", type=int, default=400, metavar="N",
+                        help="pool prompts to record (default 400; a group held to the file is asked only those)")
+    record.add_argument("--model", help="a router's or a gateway's model name")
+    record.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="per answer (default 60)")
+    record.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
+    record.add_argument("--api-key-file", type=Path, metavar="FILE", help="file holding the server's API key")
+
     demo = commands.add_parser(
         "demo",
         epilog="exit status: 0 done, 1 a server or the exporter did not come up, 2 llama-server or the demo extra is "
@@ -253,6 +271,8 @@ def _main(argv: list[str] | None) -> int:
         return _check(args)
     if args.command == "audit":
         return _audit(args)
+    if args.command == "reference":
+        return _reference(args)
     try:
         from .demo import run_demo
     except ImportError:
@@ -276,6 +296,9 @@ def _run(args: argparse.Namespace) -> int:
         return EX_USAGE
     try:
         settings = load_settings(args.config)
+        from .daemon.run import read_references
+
+        references = read_references(settings)
         web_security = None
         if args.web_config is not None:
             from .daemon.websecurity import load_web_config
@@ -319,7 +342,7 @@ def _run(args: argparse.Namespace) -> int:
         log.warning("config_warning", warning=warning)
     if settings.default_target:
         log.warning("watching_default_target", urls=list(DEFAULT_SERVER_URLS), hint=DEFAULT_TARGET_NOTE)
-    daemon = Daemon(args.config, settings, shard=args.shard)
+    daemon = Daemon(args.config, settings, shard=args.shard, references=references)
     web = daemon.web_app(web_security.authorise if web_security else None)
     if web_security is not None:
         for name, value in web_security.headers.items():
@@ -386,6 +409,29 @@ def _checked(args: argparse.Namespace) -> int:
                                    load=args.load))
     print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
     return report.exit_code
+
+
+def _reference(args: argparse.Namespace) -> int:
+    from .gate.recording import record
+    from .reasons import ProbeFailure
+    from .settings.targets import ServerConfig
+
+    if args.prompts < 1:
+        print("specwatch reference: --prompts must be 1 or more", file=sys.stderr)
+        return EX_USAGE
+    try:
+        ServerConfig(name="reference", url=args.url)
+    except ValueError as err:
+        print(f"specwatch reference: {args.url}: {err}", file=sys.stderr)
+        return EX_USAGE
+    try:
+        said = loop.run(record(args.url, args.out, count=args.prompts, model=args.model, timeout=args.timeout,
+                               api_key_env=args.api_key_env, api_key_file=args.api_key_file))
+    except (ProbeFailure, OSError, ValueError) as err:
+        print(f"specwatch reference: nothing written: {err}", file=sys.stderr)
+        return 1
+    print(said)
+    return 0
 
 
 def _audit(args: argparse.Namespace) -> int:

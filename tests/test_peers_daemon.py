@@ -352,3 +352,22 @@ async def test_a_round_counts_once_it_is_over_with_every_member_answer_in_it(wat
     clock.advance(watcher.settings.canary_interval * 3)  # b and c never had their turn at the next: it closes anyway
     watcher.peers.settle()
     assert test.through == now + 1 and test.evidence["b"].missed == 1 and test.evidence["a"].missed == 0
+
+
+async def test_a_pair_held_to_its_reference_names_the_odd_member(watcher_of: Build, clock: FakeClock) -> None:
+    from specwatch.core.peers import Reference
+
+    healthy = watcher_of({"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None)})
+    await _rounds(healthy, clock, times=3)
+    answer = next(iter(healthy.fleet.get("a").model().peer_answers.answers.values()))
+    held = Reference(dict.fromkeys(range(len(prompts())), answer))  # a look-alike answers every prompt alike
+    fakes = {"a": FakeLlama.plain(tokens=None), "c": FakeLlama.plain(tokens=None, token_probability=0.5)}
+    alone = watcher_of(fakes)
+    await _rounds(alone, clock, times=8)
+    assert _document(alone, clock)["c"]["split"]  # a pair alone cannot say which of the two is off
+    watcher = watcher_of(fakes)
+    watcher.apply(watcher.settings, list(watcher.settings.servers), references={"tiny": held})
+    await _rounds(watcher, clock, times=8)
+    peers = _document(watcher, clock)
+    assert {k: p["agreement"] for k, p in peers.items()} == {"a": True, "c": False}
+    assert not peers["c"]["split"] and "nats from the reference" in peers["c"]["detail"]

@@ -132,3 +132,34 @@ def test_check_compares_the_servers_it_is_given(pool: Pool) -> None:
     assert (code, report["disagreeing"]) == (0, []), report["summary"]
     assert set(report["peers"]) == {f"{pool.url('plain')}/{ALIAS}", f"{pool.url('router')}/{ALIAS}"}
     assert {entry["agreement"] for entry in report["peers"].values()} == {True}
+
+
+def test_a_pair_held_to_a_recorded_reference_names_its_odd_member(pool: Pool, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    ref = tmp_path / "tiny.reference.json"
+    done = subprocess.run([sys.executable, "-m", "specwatch", "reference", pool.url("plain"), "--out", str(ref),
+                           "--prompts", "40"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "recorded 40 answers" in done.stdout, done.stderr
+    config = tmp_path / "specwatch.yml"
+    pair = ("wide", "other-file")  # alone, a pair that differs is a split: nothing says which is off
+    lines = [f"  - {{name: {name}, url: '{pool.url(name)}'}}" for name in pair]
+    config.write_text("servers:\n" + "\n".join(lines) + f"\npoll_interval: 1s\ncanary_interval: 1s\n"
+                      f"canary_endpoints: [completion]\npeer_references: {{{ALIAS}: '{ref}'}}\n", encoding="utf-8")
+    with ExporterProcess("--config", str(config)) as exporter:
+        exporter.wait_started()
+        metrics = f"{exporter.url()}/metrics"
+
+        def named() -> dict | None:
+            samples = scrape(metrics)
+            agreement = {n: find(samples, "specwatch_peer_agreement", server=n, peer_group=ALIAS) for n in pair}
+            return agreement if agreement == {"wide": 1.0, "other-file": 0.0} else None
+
+        wait_until("the odd member named", named, timeout=120, interval=0.5, alive=exporter.process)
+        peers = {s["server"]: s["models"][0]["peers"] for s in httpx.get(f"{exporter.url()}/api/v1/verdicts").json()["servers"]}
+        assert not peers["other-file"]["split"] and "from the reference" in peers["other-file"]["detail"]
+    ref.write_text(ref.read_text()[:100])  # cut short: the daemon refuses to start on it, and says why
+    refused = subprocess.run([sys.executable, "-m", "specwatch", "run", "--config", str(config), "--check-config"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "peer_references: " in refused.stderr and "record it again" in refused.stderr

@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from specwatch.core import reference
 from specwatch.daemon.run import Daemon
+from specwatch.probe.logprobs import logprobs_of
+from specwatch.probe.readers import Token
 from specwatch.settings.loading import load_settings
 from specwatch.settings.schema import Settings
 
@@ -43,6 +46,7 @@ CHANGES: dict[str, tuple[Any, Callable[[Daemon], bool]]] = {
     # "{tmp}" is the test's own directory, where a target file waits.
     "file_sd_configs": ([{"files": ["{tmp}/targets-*.json"]}], lambda d: "10.9.9.9:8080" in {s.config.name for s in d.fleet.snapshot()}),
     "http_sd_configs": ([{"url": "http://127.0.0.1:9/sd"}], lambda d: [s.source for s in d.discovery.status()] == ["http_sd[0]"]),
+    "peer_references": ({"tiny": "{tmp}/tiny.reference.json"}, lambda d: list(d.watcher.peers.references) == ["tiny"]),
 }
 
 
@@ -55,6 +59,7 @@ async def test_a_reloaded_key_takes_effect(key: str, tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
     config.write_text(yaml.safe_dump({"servers": SERVERS}))
     (tmp_path / "targets-a.json").write_text('[{"targets": ["10.9.9.9:8080"]}]')
+    reference.write(tmp_path / "tiny.reference.json", {0: logprobs_of([Token(-0.5, 1, text=" A", top=(" A", -0.5))])}, {})
     daemon = Daemon(config, load_settings(config))
     try:
         new, shows = CHANGES[key]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Standing, member_name
+from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Reference, Standing, member_name
 from ..core.state import Fleet, ModelState
 from ..probe.llama import Props
 from ..probe.logprobs import Logprobs
@@ -28,7 +28,7 @@ class PeerBoard:
     """Which group each watched model is in, which groups changed since compared, and the comparing itself."""
 
     def __init__(self, fleet: Fleet, monotonic: Callable[[], float], clock: Callable[[], float], *, max_gap: float,
-                 interval: float) -> None:
+                 interval: float, references: Mapping[str, Reference] | None = None) -> None:
         self._fleet = fleet
         self._monotonic = monotonic
         self._clock = clock
@@ -37,6 +37,8 @@ class PeerBoard:
         """The canary_interval: one peer probe round per interval."""
         self._tests: dict[str, Comparing[str]] = {}
         """Each group's test, across rounds."""
+        self.references: Mapping[str, Reference] = references or {}
+        """The groups held to a reference file, by group."""
         self._groups: dict[str, set[Member]] = {}
         self._by_server: dict[str, dict[str, str]] = {}
         """Each server's models by key, with their group."""
@@ -56,11 +58,13 @@ class PeerBoard:
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
         those by fingerprint across shards (alerts/specwatch.rules.yml)."""
 
-    def configure(self, *, max_gap: float, interval: float) -> None:
-        """Reloaded settings: every group is compared again under them (another interval starts rounds anew)."""
-        if interval != self.interval:
-            self._tests.clear()
-        self.max_gap, self.interval = max_gap, interval
+    def configure(self, *, max_gap: float, interval: float, references: Mapping[str, Reference]) -> None:
+        """Reloaded settings: every group is compared again under them (another interval, or another reference, starts
+        a group's rounds anew)."""
+        for group in list(self._tests):
+            if interval != self.interval or self.references.get(group) is not references.get(group):
+                del self._tests[group]
+        self.max_gap, self.interval, self.references = max_gap, interval, references
         self._dirty.update(self._groups)
         self._compared_at.clear()
         self._inputs.clear()
@@ -134,8 +138,7 @@ class PeerBoard:
     def prompt_for(self, name: str, key: str, question: int) -> int:
         """The pool prompt a member is asked in round `question`: its group's reference's prompts only, if it has one."""
         group = self._by_server.get(name, {}).get(key)
-        test = self._tests.get(group) if group is not None else None
-        reference = test.reference if test is not None else None
+        reference = self.references.get(group) if group is not None else None
         return prompt(question, among=reference.prompts if reference is not None else None)
 
     def _forget(self, group: str, member: Member) -> None:
@@ -173,7 +176,9 @@ class PeerBoard:
                 self._compare(group, members)
 
     def _compare(self, group: str, members: set[Member]) -> None:
-        test = self._tests.setdefault(group, Comparing())
+        test = self._tests.get(group)
+        if test is None:
+            test = self._tests[group] = Comparing(self.references.get(group))
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
         before: dict[Member, Standing | None] = {}

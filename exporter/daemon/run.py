@@ -12,6 +12,8 @@ from typing import Any
 
 import structlog
 
+from ..core import reference
+from ..core.peers import Reference
 from ..core.state import Fleet
 from ..probe.http.client import new_client
 from ..probe.http.fetch import Fetcher
@@ -32,6 +34,14 @@ from .web import WebApp
 log = structlog.get_logger("specwatch")
 SWITCH_SECONDS = 0.001
 """How long a thread holds the interpreter before another that waits may have it (Python's default is 5 ms)."""
+
+
+def read_references(settings: Settings) -> dict[str, Reference]:
+    """The configured peer groups' reference files, read; one that cannot be used refuses the configuration."""
+    try:
+        return reference.read_all(settings.peer_references)
+    except reference.ReferenceFileError as err:
+        raise ConfigError([f"peer_references: {err}"]) from None
 
 
 def configured_servers(settings: Settings, discovery: Discovery) -> list[ServerConfig]:
@@ -70,6 +80,7 @@ class Daemon:
         *,
         shard: str | None = None,
         overrides: dict[str, Any] | None = None,
+        references: dict[str, Reference] | None = None,
     ) -> None:
         self.config_path = config_path
         self.shard = shard
@@ -80,7 +91,9 @@ class Daemon:
         servers = self._watched()
         self.fleet = Fleet(servers, settings.canary_endpoints)
         self.client = new_client()
-        self.watcher = Watcher(settings, self.fleet, Fetcher(self.client, settings.max_response_bytes))
+        self.references = references if references is not None else read_references(settings)
+        self.watcher = Watcher(settings, self.fleet, Fetcher(self.client, settings.max_response_bytes),
+                               references=self.references)
         self.watcher.peers.configured_only = self._sharded()
         self.schedule = Schedule(self.watcher)
         self.status = self._status(reload_successful=True)
@@ -114,7 +127,7 @@ class Daemon:
         """Bring watcher, schedule and status in step with the current settings and discovered servers."""
         servers = self._watched()
         self.watcher.peers.configured_only = self._sharded()
-        self.watcher.apply(self.settings, servers)
+        self.watcher.apply(self.settings, servers, references=self.references)
         self.schedule.sync(servers)
         self.status = replace(self.status, configured_servers=len(self._configured()), discovery=self.discovery.status(),
                               poll_interval=self.settings.poll_interval, canary_interval=self.settings.canary_interval)
@@ -153,6 +166,7 @@ class Daemon:
                 settings = load_settings(self.config_path, **self.overrides)
                 if self.shard is None and settings.shard is not None:
                     parse_shard(settings.shard)
+                references = read_references(settings)
             except (ConfigError, ValueError) as err:
                 self.status = replace(self.status, reload_successful=False)
                 log.error("reload_failed", error=str(err))
@@ -160,7 +174,7 @@ class Daemon:
             # Key names only: a value may be a secret.
             changed = [key for key in type(settings).model_fields if getattr(settings, key) != getattr(self.settings, key)]
             before = {server.name for server in self._watched()}
-            self.settings = settings
+            self.settings, self.references = settings, references
             self.discovery.configure(settings)
             await self.discovery.refresh_all()
             if self.loop is not None:

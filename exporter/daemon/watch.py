@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from ..core.peers import Reference
 from ..core.runner import Measured, Runner
 from ..core.state import Change, Fleet, ModelState
 from ..core.verdict import Verdict
@@ -58,6 +59,7 @@ class Watcher(Runner):
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        references: Mapping[str, Reference] | None = None,
     ) -> None:
         super().__init__(fleet, fetcher, settings, clock=clock, monotonic=monotonic)
         self._set_limits(settings.max_concurrency)
@@ -69,7 +71,7 @@ class Watcher(Runner):
         self._closed = False
         self._streaks: dict[tuple[str, ...], _Streak] = {}
         self.peers = PeerBoard(fleet, monotonic, clock, max_gap=settings.poll_interval,
-                               interval=settings.canary_interval)
+                               interval=settings.canary_interval, references=references or {})
         self.peers.expect({s.config.name for s in fleet.snapshot()})
 
     @property
@@ -93,7 +95,8 @@ class Watcher(Runner):
         """Probes allowed in flight at once (max_concurrency)."""
         return self._concurrency
 
-    def apply(self, settings: Settings, servers: list[ServerConfig]) -> None:
+    def apply(self, settings: Settings, servers: list[ServerConfig],
+              references: Mapping[str, Reference] | None = None) -> None:
         """Adopt reloaded settings: every key takes effect from the next probe on."""
         if settings.max_concurrency != self.settings.max_concurrency:
             self._set_limits(settings.max_concurrency)
@@ -104,7 +107,8 @@ class Watcher(Runner):
         self.fleet.reconcile(servers, settings.canary_endpoints)
         names = {s.name for s in servers}
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
-        self.peers.configure(max_gap=settings.poll_interval, interval=settings.canary_interval)
+        self.peers.configure(max_gap=settings.poll_interval, interval=settings.canary_interval,
+                             references=self.peers.references if references is None else references)
         self.peers.forget(before - names)
         self.peers.expect(names - before)
         for name in names:

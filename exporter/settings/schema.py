@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import (
@@ -182,6 +183,9 @@ class Settings(BaseModel):
     peer_confirmations: int | None = None
     """Retired (RETIRED says why): accepted, ignored."""
     shard: str | None = None
+    peer_references: dict[str, Path] = Field(default_factory=dict)
+    """Peer group -> a reference file (`specwatch reference`): the group is held to a trusted server's recorded answers,
+    which names the odd member of a pair and catches a group that is all wrong alike."""
     file_sd_configs: list[FileSDConfig] = Field(default_factory=list)
     http_sd_configs: list[HttpSDConfig] = Field(default_factory=list)
 
