@@ -757,8 +757,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--latency-ms", type=float, default=20.0, help="simulated server latency (default 20)")
     add("--token-ms", type=float, default=0.0, help="delay between a stream's events on the fleet (default 0)")
     add("--spec-share", type=float, default=0.2, help="share of speculating servers (default 0.2)")
-    add("--pool-size", type=int, default=1,
-        help="servers per pool reporting one model: each is asked the peer probe and compared (default 1: none is)")
+    add("--pool-size", type=int, default=250,
+        help="servers per pool reporting one model, each asked the peer probe and compared with its pool (default 250: "
+             "a fleet of 1,000 is four models of 250 replicas each; 1: every server its own model, nothing compared)")
     add("--base-port", type=int, default=0, help="first fleet port; 0 picks free ports (default)")
     add("--keepalive-timeout", type=float, default=5.0, help="the fleet's idle keep-alive timeout (default 5, as llama-server)")
     add("--max-concurrency", type=int, default=None, help="specwatch max_concurrency (default: specwatch's own)")

@@ -63,7 +63,8 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
     lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.items()]
     # The canary's default timeout (30 s): on two cores shared with the other tests, the busy replica's canary, batched
     # with three other requests, took over 10 s in CI, and the gate rightly called that replica unchecked.
-    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 2s\ncanary_interval: 30s\n"
+    # One peer-probe round a canary_interval: 20 s lets the test see the dozen rounds a small change takes.
+    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 2s\ncanary_interval: 20s\n"
                       "canary_endpoints: [completion]\n", encoding="utf-8")
     with busy(pool["busy"].url) as answered, ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
@@ -79,7 +80,7 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
             return agreement if agreement == expected else None
 
         try:
-            wait_until("every replica's agreement", settled, timeout=240, interval=0.5, alive=exporter.process)
+            wait_until("every replica's agreement", settled, timeout=480, interval=0.5, alive=exporter.process)
         except AssertionError as failed:
             found = httpx.get(f"{exporter.url()}/api/v1/verdicts").json()
             said = {s["server"]: s["models"][0]["peers"] for s in found["servers"]}

@@ -73,9 +73,10 @@ def lookalike(index: int, options: FleetOptions) -> FakeLlama:
     """Server `index`: a draft-model server (every token after the first a fill-in) or a plain one."""
     path = f"/models/{server_name(index) if options.pool_size <= 1 else f'pool-{index // options.pool_size:05d}'}.gguf"
     kind = FakeLlama.draft if is_speculating(index, options.spec_share) else FakeLlama.plain
-    # Without --alias, llama-server reports the model path as its alias.
+    # Without --alias, llama-server reports the model path as its alias. Each answers a little apart from the others
+    # (batching noise, as many-slot GPU servers give): no two peer-probe answers alike, none compared for free.
     return kind(tokens=None, api_key=options.api_key, model_alias=path, model_path=path, n_ctx=4096,
-                total_slots=options.slots_per_server)
+                total_slots=options.slots_per_server, token_probability=0.7 - 0.00001 * (index % 997))
 
 
 class SimFleet:
