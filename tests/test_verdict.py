@@ -15,7 +15,7 @@ from specwatch.core.verdict import (
     EndpointEvidence,
     Evidence,
     Freshness,
-    RouterModel,
+    ModelDecision,
     Verdict,
     behind_a_balancer,
     decide,
@@ -110,7 +110,7 @@ def stale(age: float | None = 600.4, poll_age: float | None = 5.0) -> Freshness:
 
 
 def router(*models: tuple[str, bool, Decision], one_asked: bool = False) -> Callable[[], Decision]:
-    return lambda: router_verdict([RouterModel(*m) for m in models], one_asked=one_asked)
+    return lambda: router_verdict([ModelDecision(*m) for m in models], one_asked=one_asked)
 
 
 # After decide(), the rules a gate applies, in the order check and check --exporter apply them. Each row: the rule

@@ -185,7 +185,7 @@ NOTHING_LOADED = Decision(Verdict.UNCHECKED, "the router has no model loaded, an
 
 
 @dataclass(frozen=True)
-class RouterModel:
+class ModelDecision:
     """One model of a router, as its verdict counts towards the router's."""
 
     name: str
@@ -193,7 +193,7 @@ class RouterModel:
     decision: Decision
 
 
-def router_verdict(models: Sequence[RouterModel], *, one_asked: bool) -> Decision:
+def router_verdict(models: Sequence[ModelDecision], *, one_asked: bool) -> Decision:
     """A router's verdict: the model asked for, or else its worst loaded model's, since an eval may be sent to any."""
     counted = [(m.name, m.decision) for m in models if one_asked or m.loaded]
     if not counted:

@@ -25,14 +25,14 @@ SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
-class _Parser(argparse.ArgumentParser):
+class _LauncherParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message} (this launcher takes the llama-server flags listed by --help)\n")
 
 
 def parser() -> argparse.ArgumentParser:
     """llama-server's flags that a prebuilt server honours here, spelt as llama-server spells them."""
-    p = _Parser(prog="python -m specwatch.demo.prebuilt", description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = _LauncherParser(prog="python -m specwatch.demo.prebuilt", description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("-m", "--model", required=True, help="the GGUF model file")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}, as llama-server from b11521")

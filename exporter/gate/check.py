@@ -12,7 +12,7 @@ from ..core.state import Fleet, ServerState
 from ..core.verdict import (
     NO_V1_ENDPOINT_ASKED,
     Decision,
-    RouterModel,
+    ModelDecision,
     Verdict,
     behind_a_balancer,
     key_hint,
@@ -197,7 +197,7 @@ def report_of(server: ServerConfig, state: ServerState, *, key_sent: bool) -> tu
         report.model = server.model or only.model or None
         return report, decision
     report.router, report.models, report.model = True, [m for m, _ in checked], server.model
-    models = [RouterModel(m.model, m.status == "loaded", d) for m, d in checked]
+    models = [ModelDecision(m.model, m.status == "loaded", d) for m, d in checked]
     return report, router_verdict(models, one_asked=bool(server.model))
 
 
