@@ -17,7 +17,7 @@ Every answer goes through specwatch's own test (core.peers.Comparing), one pool 
   within 10.
 
 A member's own noise (what copies asked at once part by, under its load) is not in the recording: a four-slot member is
-given the running median of how far its two takes of a prompt parted (minutes apart: an upper bound of its batching
+given the running mean of how far its two takes of a prompt parted (minutes apart: an upper bound of its batching
 noise), a one-slot member none.
 
     python -m bench.peer_power --recording held.jsonl.gz
@@ -70,14 +70,14 @@ class Process:
         self._spreads: list[float] = []
 
     def noise(self, prompt: int) -> float | None:
-        """Its own noise after `prompt`: none on one slot, else the running median of its takes' parting."""
+        """Its own noise after `prompt`: none on one slot, else the running mean of its takes' parting."""
         if self.slots <= 1:
             return 0.0
         if prompt in self._other and prompt in self.answers:
             found = difference(self.answers[prompt], self._other[prompt])
             if not found.nothing:
                 self._spreads = [*self._spreads, found.mean][-NOISE_SAMPLES:]
-        return statistics.median(self._spreads) if self._spreads else None
+        return statistics.fmean(self._spreads) if self._spreads else None
 
 
 def processes(headers: dict[str, Any], answers: dict[str, dict[tuple[int, int], Any]], group: str) -> list[Process]:

@@ -15,7 +15,8 @@ KEEP = 4
 """Rounds whose answers a member keeps: its group counts a round once the next one is over, so two would do; the rest
 are slack for a comparison that runs late."""
 NOISE_SAMPLES = 16
-"""The member's own noise is the median of its last this many measurements: learnt continuously, under its real load."""
+"""The member's own noise is the mean of its last this many measurements: learnt continuously, under its real load (a
+median would say none where copies mostly decode alike and part now and then, as on a server whose other slots are busy)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class PeerAnswers:
 
     @property
     def noise(self) -> float | None:
-        """Its own noise: the median spread of its recent copies; None until measured."""
-        return statistics.median(self.spreads) if self.spreads else None
+        """Its own noise: the mean spread of its recent copies; None until measured."""
+        return statistics.fmean(self.spreads) if self.spreads else None
 
     def answered(self, question: int, answer: Logprobs, spread: float | None, *, copies: int = 1) -> PeerAnswers:
         """After an answer to round `question` (with `spread`, how far its copies parted)."""
