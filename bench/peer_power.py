@@ -94,9 +94,10 @@ def processes(headers: dict[str, Any], answers: dict[str, dict[tuple[int, int], 
     return sorted(found, key=lambda p: (p.name.split("#")[1], p.name))
 
 
-def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None) -> tuple[list[int], int | None]:
+def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None,
+        scores: dict[str, list[float]] | None = None) -> tuple[list[int], int | None]:
     """The rounds at which any member's decision began (a false one in a healthy group), and the round `watched` was
-    first decided at (None if never)."""
+    first decided at (None if never); each member's score of each round it was scored on goes into `scores`."""
     test: Comparing[str] = Comparing()
     decided: dict[str, bool] = {}
     starts: list[int] = []
@@ -104,8 +105,11 @@ def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None 
     for at, prompt in enumerate(prompts):
         peers = {m.name: Peer(PRINT, {at: m.answers[prompt]} if prompt in m.answers else {}, m.noise(prompt), at)
                  for m in members}
+        before = {name: evidence.answers for name, evidence in test.evidence.items()}
         test.count(peers, before=at + 1)
         for name, evidence in test.evidence.items():
+            if scores is not None and evidence.answers > before.get(name, 0) and evidence.last is not None:
+                scores.setdefault(name, []).append(evidence.last)
             now = evidence.decided
             if now and not decided.get(name, False):
                 if watched is None or name != watched:
@@ -122,18 +126,59 @@ def _bound(events: int, exposure: float) -> float:
     return upper / exposure
 
 
+def resampled(scores: dict[str, list[float]], *, streams: int = 500, rounds: int = 10_000, boots: int = 20,
+              seed: int = 1) -> tuple[int, int, float]:
+    """The test run on resampled null scores: (decisions, member-rounds) with the scores as measured, and the largest
+    decision rate over `boots` bootstrap draws of each member's scores (the data's uncertainty, roughly its 95th
+    percentile). Each stream keeps to one member's own scores, drawn with replacement: a member whose deployment sits
+    apart (another build, a q8_0 cache) stays apart, but rounds are taken as independent."""
+    import numpy as np
+
+    from specwatch.core.evidence import ALLOWANCE, CAP, GROSS, GROSS_ROUNDS, GROSS_WINDOW, THRESHOLD
+
+    rng = np.random.default_rng(seed)
+    own = [np.asarray(v, dtype=float) for v in scores.values() if v]
+
+    def decisions(samples: list[np.ndarray]) -> int:
+        member = rng.integers(len(samples), size=streams)
+        lengths = np.array([len(samples[m]) for m in member])
+        pool = np.zeros((streams, int(lengths.max())))
+        for row, m in enumerate(member):
+            pool[row, :lengths[row]] = samples[m]
+        total = np.zeros(streams)
+        gross = np.zeros((streams, GROSS_WINDOW), dtype=bool)
+        decided = np.zeros(streams, dtype=bool)
+        found = 0
+        for t in range(rounds):
+            score = pool[np.arange(streams), rng.integers(lengths)]
+            total = np.clip(total + np.minimum(score, CAP) - ALLOWANCE, 0.0, THRESHOLD)
+            gross[:, t % GROSS_WINDOW] = score >= GROSS
+            total[(score >= GROSS) & (gross.sum(axis=1) >= GROSS_ROUNDS)] = THRESHOLD
+            now = total >= THRESHOLD
+            found += int(np.sum(now & ~decided))
+            decided = now | (decided & (total > 0.0))
+        return found
+
+    seen = decisions(own)
+    worst = max(decisions([rng.choice(s, size=len(s)) for s in own]) for _ in range(boots))
+    return seen, streams * rounds, worst / (streams * rounds)
+
+
 def null_rates(null: list[Process], prompts: Sequence[int]) -> list[str]:
     lines = ["| group size | groups (disjoint) | member-hours watched | false decisions | average run length to a false "
              "decision, member-hours | P(false decision in a process's first 10 rounds) | false tickets per group per "
-             "month |", "|---|---|---|---|---|---|---|"]
+             "month | resampled: member-hours, decisions, average run length (bootstrap bound) | resampled: tickets "
+             "per group per month (bound) | scores over the allowance, largest |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for size in SIZES:
         groups = [null[i:i + size] for i in range(0, len(null) - size + 1, size)]
         if not groups:
-            lines.append(f"| {size} | too few processes ({len(null)}) | | | | | |")
+            lines.append(f"| {size} | too few processes ({len(null)}) | | | | | | | | |")
             continue
         events, early = 0, 0
+        scores: dict[str, list[float]] = {}
         for members in groups:
-            starts, _ = run(members, prompts)
+            starts, _ = run(members, prompts, scores=scores)
             events += len(starts)
             early += sum(1 for s in starts if s < FIRST)
         rounds = len(prompts)
@@ -145,8 +190,21 @@ def null_rates(null: list[Process], prompts: Sequence[int]) -> list[str]:
             arl += f" (bound > {1 / _bound(events, member_hours):.1f})"
         p_first = f"{early / processes_started:.3f} (bound {min(1.0, _bound(early, processes_started)):.3f})"
         tickets = events / group_hours * HOURS_PER_MONTH
+        from specwatch.core.evidence import ALLOWANCE
+
+        every = [x for v in scores.values() for x in v]
+        over = f"{sum(1 for x in every if x > ALLOWANCE) / len(every):.1%} of {len(every)}, {max(every):.2f}"
+        found, member_rounds, worst = resampled(scores)
+        sim_hours = member_rounds * INTERVAL / 3600
+        rate = max(found, 3.0) / sim_hours if not found else found / sim_hours  # none seen: the rule of three
+        bound_rate = max(worst * 3600 / INTERVAL, _bound(found, sim_hours))
+        said = "none" if not found else str(found)
+        sim_arl = f"{'> ' if not found else ''}{1 / rate:,.0f}"
         lines.append(f"| {size} | {len(groups)} | {member_hours:.1f} | {events} | {arl} | {p_first} | "
-                     f"{tickets:.2f} (bound {_bound(events, group_hours) * HOURS_PER_MONTH:.1f}) |")
+                     f"{tickets:.2f} (bound {_bound(events, group_hours) * HOURS_PER_MONTH:.1f}) | "
+                     f"{sim_hours:,.0f}, {said}, {sim_arl} (> {1 / bound_rate:,.0f}) | "
+                     f"{size * (found / sim_hours) * HOURS_PER_MONTH:.4f} (bound {size * bound_rate * HOURS_PER_MONTH:.4f}) "
+                     f"| {over} |")
     return lines
 
 
