@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 
@@ -24,7 +23,7 @@ from specwatch.probe.http.fetch import Fetcher
 from specwatch.probe.peerprobe import COPIES, PATH, prompts
 from specwatch.settings.schema import Settings
 from tests.conftest import FakeClock
-from tests.support.fakes import fake_fleet
+from tests.support.fakes import fake_fleet, intervals
 from tests.support.metrics import find, parse
 from tests.support.wire import FakeLlama, FakeRouter
 
@@ -50,15 +49,7 @@ async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
         await client.aclose()
 
 
-async def _rounds(watcher: Watcher, clock: FakeClock, times: int = 1) -> None:
-    """A canary_interval goes by and every server's tick runs, with the canaries and peer probes it made due, `times` over."""
-    for _ in range(times):
-        clock.advance(60)
-        for state in watcher.fleet.snapshot():
-            await watcher.tick(state.config.name)
-        while watcher._rounds:
-            await asyncio.gather(*watcher._rounds)
-        watcher.peers.settle()
+_rounds = intervals
 
 
 def _text(watcher: Watcher) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 
@@ -17,7 +16,7 @@ from specwatch.daemon.watch import Watcher
 from specwatch.probe.http.fetch import Fetcher
 from specwatch.settings.schema import Settings
 from tests.conftest import FakeClock
-from tests.support.fakes import fake_fleet
+from tests.support.fakes import fake_fleet, intervals
 from tests.support.metrics import find, parse
 from tests.support.wire import FakeLlama
 
@@ -45,13 +44,7 @@ async def watcher_of(clock: FakeClock) -> AsyncIterator[Build]:
 
 async def _samples(watcher: Watcher, clock: FakeClock, rounds: int = 1) -> dict:
     """`rounds` canary_intervals, each server ticked with the canaries and peer probes due; then /metrics."""
-    for _ in range(rounds):
-        clock.advance(60)
-        for state in watcher.fleet.snapshot():
-            await watcher.tick(state.config.name)
-        while watcher._rounds:
-            await asyncio.gather(*watcher._rounds)
-        watcher.peers.settle()
+    await intervals(watcher, clock, rounds)
     return parse(TextRenderer(watcher.fleet, lambda: ExporterStatus(15.0, 60.0)).text().decode())
 
 

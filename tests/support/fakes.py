@@ -147,3 +147,17 @@ async def peer_round(watcher: Any, names: Iterable[str]) -> None:
         await watcher.peer_round(name, "", (now,))
     await asyncio.sleep(SECONDS_PER_MEMBER * (len(names) + 1))  # a group is compared at most this often
     watcher.peers.settle()
+
+
+async def intervals(watcher: Any, clock: Any, times: int = 1) -> None:
+    """A canary_interval goes by and every server's tick runs, with the canaries and peer probes it made due, `times`
+    over: the daemon's schedule, without its scheduler."""
+    import asyncio
+
+    for _ in range(times):
+        clock.advance(watcher.settings.canary_interval)
+        for state in watcher.fleet.snapshot():
+            await watcher.tick(state.config.name)
+        while watcher._rounds:
+            await asyncio.gather(*watcher._rounds)
+        watcher.peers.settle()
