@@ -177,7 +177,6 @@ async def _worker_cycles(config: Path, fleet_url: str, keepalive: float) -> dict
     out["verdicts_right"] = sum(1 for s in snapshot if s.model().serving_fill_ins == kinds[s.config.name])
     out["polled_ok"] = sum(1 for s in snapshot if s.poll_success)
     out["rss_mb"], out["peak_rss_mb"] = proc_memory_mb()
-    await first
     await daemon.client.aclose()
     return out
 
