@@ -362,3 +362,22 @@ async def test_a_pair_held_to_its_reference_names_the_odd_member(watcher_of: Bui
     peers = _document(watcher, clock)
     assert {k: p["agreement"] for k, p in peers.items()} == {"a": True, "c": False}
     assert not peers["c"]["split"] and "nats from the reference" in peers["c"]["detail"]
+
+
+async def test_a_speculating_several_slot_server_that_answers_empty_is_never_clean_nor_agrees(watcher_of: Build,
+                                                                                             clock: FakeClock) -> None:
+    # Upstream #27572: MTP speculation with several slots returning empty answers; the canary and the peer probe alike.
+    fakes = {"a": FakeLlama.plain(tokens=None), "b": FakeLlama.plain(tokens=None),
+             "mtp": FakeLlama.draft(tokens=0, total_slots=4)}
+    watcher = watcher_of(fakes)
+    with structlog.testing.capture_logs() as logs:
+        await _rounds(watcher, clock, times=MISSED + 3)
+    model = watcher.fleet.get("mtp").model()
+    assert model.decision.verdict.value != "clean"
+    peers = _document(watcher, clock)
+    assert peers["mtp"]["agreement"] is None and (peers["a"]["agreement"], peers["b"]["agreement"]) == (True, True)
+    text = _text(watcher)
+    assert value(text, "specwatch_peer_agreement", server="mtp", peer_group="tiny") is None
+    assert value(text, "specwatch_peer_probe_failures_total", server="mtp", reason="no_logprobs") >= MISSED
+    said = {e.get("detail") for e in logs if e["event"] in ("canary_failed", "peer_probe_failed") and e["server"] == "mtp"}
+    assert said == {"the answer carries no tokens"}
