@@ -207,7 +207,7 @@ def _thread_cpu(name: str) -> float:
 
 
 FIRST_WINDOW = 80.0
-"""Seconds from the daemon's start measured apart: the start-up burst and the first peer-probe rounds."""
+"""Seconds after the start-up burst measured apart: the first peer-probe rounds fall in them."""
 
 
 async def _settled(daemon: Any, limit: float) -> float:
@@ -231,24 +231,24 @@ async def _worker_steady(config: Path, fleet_url: str, port: int, window: float,
     served: list[dict[str, float]] = []
     _record_scrapes(served)
     settings = load_settings(config)
-    start_cpu, start_stats = time.process_time(), fleet_stats(fleet_url)
     daemon = Daemon(config, settings)
-    started = time.monotonic()
     runner = asyncio.create_task(daemon.run("127.0.0.1", port))
+    out: dict[str, Any] = {"settle_s": await _settled(daemon, 180.0), "poll_interval": settings.poll_interval}
+    # The first FIRST_WINDOW seconds after the start-up burst (every server's first poll and full canary round, the
+    # fill-in verdict's own cost, as in every release): the peer probe's first rounds, spread over a canary_interval
+    # after each member's full round, fall in them.
+    first_cpu, first_stats, first_at = time.process_time(), fleet_stats(fleet_url), time.monotonic()
 
     async def first_window() -> None:
-        # The first FIRST_WINDOW seconds from the daemon's start: every server's first poll, full canary round and first
-        # peer-probe round (spread over a canary_interval) fall in them.
-        await asyncio.sleep(max(0.0, started + FIRST_WINDOW - time.monotonic()))
-        out["first_cpu"], out["first_wall"] = time.process_time() - start_cpu, time.monotonic() - started
-        out["first_requests"] = _requests(fleet_stats(fleet_url), start_stats)[0]
+        await asyncio.sleep(max(0.0, first_at + FIRST_WINDOW - time.monotonic()))
+        out["first_cpu"], out["first_wall"] = time.process_time() - first_cpu, time.monotonic() - first_at
+        out["first_requests"] = _requests(fleet_stats(fleet_url), first_stats)[0]
 
-    out: dict[str, Any] = {"poll_interval": settings.poll_interval}
     first = asyncio.create_task(first_window())
-    out["settle_s"] = await _settled(daemon, 180.0)
     (marks / "settled").write_text("start")
-    # The first rotation canaries come a canary_interval after the start-up rounds: from then on the mix is steady.
-    await asyncio.sleep(max(0.0, started + settings.canary_interval - time.monotonic()))
+    # The first rotation canaries come a canary_interval after the start-up rounds, and every member's first peer round
+    # within one after them: from then on the mix is steady.
+    await asyncio.sleep(max(0.0, first_at + settings.canary_interval - time.monotonic()))
     (marks / "window").write_text("start")
     preparing = _thread_cpu("specwatch-metrics")  # /metrics rendered in the background, where the daemon does that
     before, started, cpu = fleet_stats(fleet_url), time.monotonic(), time.process_time()
