@@ -65,13 +65,14 @@ class Difference:
 def difference(a: Logprobs, b: Logprobs) -> Difference:
     """How far `a` and `b`, two answers to one question, are apart."""
     total, count, largest, at = 0.0, 0, 0.0, 0
-    for index in range(min(len(a), len(b))):
-        mine, theirs = a.texts[index], b.texts[index]
+    texts_a, texts_b, values_a, values_b = a.texts, b.texts, a.values, b.values
+    for index in range(min(len(texts_a), len(texts_b))):
+        mine, theirs = texts_a[index], texts_b[index]
+        x, y = values_a[index], values_b[index]
         if mine == theirs:
-            if a.real(index) and b.real(index):
-                moved = abs(a.values[index] - b.values[index])
-            else:
-                continue  # a fill-in's value is no measurement
+            if x != x or y != y:
+                continue  # a fill-in's value (NaN) is no measurement
+            moved = abs(x - y)
         else:
             # Each side's log-odds of its own token over the other's: at temperature 0 both are >= 0, and what the
             # pair moved is their sum. A token an answer does not list is at most as likely as its lowest alternative.

@@ -43,6 +43,9 @@ class PeerBoard:
         self._by_server: dict[str, dict[str, str]] = {}
         """Each server's models by key, with their group."""
         self._dirty: set[str] = set()
+        self._reshaped: set[str] = set()
+        """Groups whose members changed other than by answering (joined, left, another file, loaded or not): judged
+        afresh at their next comparison, whether or not a round is counted."""
         self._compared_at: dict[str, float] = {}
         self._closed: int | None = None
         """The last round seen closed."""
@@ -66,6 +69,7 @@ class PeerBoard:
                 del self._tests[group]
         self.max_gap, self.interval, self.references = max_gap, interval, references
         self._dirty.update(self._groups)
+        self._reshaped.update(self._groups)
         self._compared_at.clear()
         self._inputs.clear()
 
@@ -106,7 +110,10 @@ class PeerBoard:
             members.add(member)
             model = state.models.get(key) if state is not None else None
             inputs = _Brought.of(group, model)
-            if not inputs.same(self._inputs.get(member)):
+            before_inputs = self._inputs.get(member)
+            if not inputs.same(before_inputs):
+                if before_inputs is None or not inputs.same_but_answers(before_inputs):
+                    self._reshaped.add(group)
                 self._inputs[member] = inputs
                 self._dirty.add(group)
         if now:
@@ -152,11 +159,13 @@ class PeerBoard:
             return
         members.discard(member)
         self._dirty.add(group)
+        self._reshaped.add(group)
         if not members:
             del self._groups[group]
             self._compared_at.pop(group, None)
             self._tests.pop(group, None)
             self._dirty.discard(group)
+            self._reshaped.discard(group)
 
     def settle(self) -> None:
         """Compare every group that changed (or whose round just closed) and was not compared too recently."""
@@ -194,12 +203,16 @@ class PeerBoard:
             if model.peers is None or model.peers.group != group:
                 test.forget(name)  # a new process, or new to the group: its evidence starts afresh
         # A round counts once the next one is over: every member has had its turn at it, slow answers included.
-        test.count(peers, before=round_of(self._clock(), self.interval) - 1)
+        counted = test.count(peers, before=round_of(self._clock(), self.interval) - 1)
+        if not counted and group not in self._reshaped:
+            return  # answers came in, none counted yet, nobody joined or changed: every standing is as it was
+        self._reshaped.discard(group)
         judgement = test.judge(peers)
         # A group of one compares nothing: it has no standing, as an opted-out server has none.
         standings: dict[Member, Standing | None] = {m: None for m in members}
         if len(peers) >= 2:
-            standings.update({names[n]: Standing(group, c, judgement.agreement, judgement.split)
+            agreement, split = judgement.agreement, judgement.split  # once: each reads every member
+            standings.update({names[n]: Standing(group, c, agreement, split)
                               for n, c in judgement.members.items()})
         for member, standing in standings.items():
             _log_change(member, before.get(member), standing)
@@ -223,6 +236,10 @@ class _Brought:
             return cls(group, None, None, None, None, None)
         return cls(group, model.loaded, model.poll.props if model.poll is not None else None, model.meta_for,
                    model.peer_answers.answers, model.peer_answers.spreads)
+
+    def same_but_answers(self, other: _Brought) -> bool:
+        """Alike but for the answers and the noise: what changes a standing only once a round is counted."""
+        return (self.group, self.loaded, self.props, self.meta_for) == (other.group, other.loaded, other.props, other.meta_for)
 
     def same(self, other: _Brought | None) -> bool:
         """Alike in what is compared by value; the answers and the noise by identity (each answer makes new ones)."""

@@ -91,7 +91,8 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
             fetcher = Fetcher(http, max_bytes)
             for group, members in compared.items():
                 judgement = await _decided(members, fetcher)
-                standings |= {n: Standing(group, c, judgement.agreement, judgement.split)
+                agreement, split = judgement.agreement, judgement.split  # once: each reads every member
+                standings |= {n: Standing(group, c, agreement, split)
                               for n, c in judgement.members.items()}
                 unsettled += [n for n, c in judgement.members.items() if not _settled(c.agreement, c.evidence)]
     report = ChecksReport(servers=reports, peers={n: peers_entry(s) for n, s in standings.items()})
