@@ -125,9 +125,10 @@ async def test_a_peer_round_does_not_start_beside_a_canary_in_flight(watched: Bu
         assert _kinds(fleet, "a").count("peers") == before
     release.set()
     await _drain(watcher)
-    clock.advance(60)
-    await _tick_all(watcher)
-    await _drain(watcher)
+    for _ in range(4):  # the polls of the next round: a is asked at its phase of it
+        clock.advance(15)
+        await _tick_all(watcher)
+        await _drain(watcher)
     assert _kinds(fleet, "a").count("peers") > before
 
 
@@ -218,3 +219,25 @@ def test_phases_are_stable_and_spread() -> None:
     assert phases == [phase(f"s{i}\0", "peers") for i in range(1000)]
     assert all(0 <= p < 1 for p in phases)
     assert all(80 < sum(1 for p in phases if k / 10 <= p < (k + 1) / 10) < 120 for k in range(10))
+
+
+async def test_every_later_round_is_asked_over_the_round_each_member_at_its_phase(watched: Build,
+                                                                                clock: FakeClock) -> None:
+    from specwatch.daemon.cadence import round_of
+
+    names = [f"m{i:02d}" for i in range(12)]
+    watcher, _ = watched(names, poll_interval=15, canary_interval=60)
+    asked: dict[tuple[str, int], float] = {}
+    for _ in range(16):  # four canary_intervals of polls
+        await _tick_all(watcher)
+        await _drain(watcher)
+        for name in names:
+            answers = watcher.fleet.get(name).model().peer_answers
+            if answers.asked_round is not None:
+                asked.setdefault((name, answers.asked_round), answers.asked_at)
+        clock.advance(15)
+    late = max(r for _, r in asked)
+    offsets = [at - (late - 1) * 60 for (_, r), at in asked.items() if r == late - 1]
+    assert len(offsets) == len(names)  # every member asked the round, once
+    assert all(0 <= o < 60 for o in offsets) and len(set(offsets)) >= 3, offsets  # over the round, not at its start
+    assert round_of(max(asked.values()), 60) == late

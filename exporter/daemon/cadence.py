@@ -99,15 +99,21 @@ def round_of(now: float, interval: float) -> int:
     return int(now // interval) if interval > 0 else 0
 
 
-def peers_due(model: ModelState, now: float, *, interval: float, poll_interval: float = 0.0) -> tuple[int, ...] | None:
-    """The peer probe's round due for a member of a peer group at `now`, or None: the current round, once (a failed
-    round is not asked again: its group counts it as one the member missed)."""
+def peers_due(model: ModelState, now: float, *, interval: float, poll_interval: float = 0.0,
+              phase: float = 0.0) -> tuple[int, ...] | None:
+    """The peer probe's round due for a member of a peer group at `now`, or None: the current round, once, from `phase`
+    seconds into it after its first (each member at its own, so a fleet is asked over the round, not in its first
+    seconds). A failed round is not asked again: its group counts it as one the member missed."""
     del poll_interval  # rounds are the clock's, not the polls'
     if model.poll is None or not model.loaded:
         return None
     current = round_of(now, interval)
     asked = model.peer_answers.asked_round
-    return (current,) if asked is None or asked < current else None
+    if asked is None:
+        return (current,)  # its first: canary_first already spread those over an interval
+    if asked >= current:
+        return None
+    return (current,) if now - current * interval >= phase else None
 
 
 def canary_first(model: ModelState, now: float, *, phase: float) -> bool:

@@ -196,7 +196,8 @@ class Watcher(Runner):
             # in this process, and one due now goes ahead of the questions on the same connection.
             first = not canarying and canary_first(model, now, phase=self._phase(name, key))
             questions = peers_due(model, now, interval=self.settings.canary_interval,
-                                  poll_interval=self.settings.poll_interval) if first and self.peers.compared(name, key) else None
+                                  poll_interval=self.settings.poll_interval,
+                                  phase=self._round_phase(name, key)) if first and self.peers.compared(name, key) else None
             ask = bool(questions) and ("peers", name, key) not in self._in_flight
             if canary and ask:
                 self._start(self._one_after_the_other(name, key, found, questions))  # type: ignore[arg-type]
@@ -208,6 +209,12 @@ class Watcher(Runner):
     def _phase(self, name: str, key: str) -> float:
         """How long after its first full canary round a member's first peer round waits: its share of canary_interval."""
         return phase(f"{name}\0{key}", "peers") * self.settings.canary_interval
+
+    def _round_phase(self, name: str, key: str) -> float:
+        """How far into each round a member is asked: its share of the round, less a poll interval so that a poll
+        always falls between its phase and the round's end."""
+        span = max(0.0, self.settings.canary_interval - self.settings.poll_interval)
+        return phase(f"{name}\0{key}", "peers") * span
 
     async def _one_after_the_other(self, name: str, key: str, rounds: Round, questions: tuple[int, ...]) -> None:
         """The canary round, then the peer probe: on the connection the canary left open, and never both at once."""

@@ -150,14 +150,18 @@ async def peer_round(watcher: Any, names: Iterable[str]) -> None:
 
 
 async def intervals(watcher: Any, clock: Any, times: int = 1) -> None:
-    """A canary_interval goes by and every server's tick runs, with the canaries and peer probes it made due, `times`
-    over: the daemon's schedule, without its scheduler."""
+    """A canary_interval goes by, a poll_interval at a time, every server's tick running at each with the canaries and
+    peer probes it made due, `times` over: the daemon's schedule, without its scheduler."""
     import asyncio
+    import math
 
+    settings = watcher.settings
+    polls = max(1, math.ceil(settings.canary_interval / settings.poll_interval))
     for _ in range(times):
-        clock.advance(watcher.settings.canary_interval)
-        for state in watcher.fleet.snapshot():
-            await watcher.tick(state.config.name)
-        while watcher._rounds:
-            await asyncio.gather(*watcher._rounds)
+        for _ in range(polls):
+            clock.advance(settings.canary_interval / polls)
+            for state in watcher.fleet.snapshot():
+                await watcher.tick(state.config.name)
+            while watcher._rounds:
+                await asyncio.gather(*watcher._rounds)
         watcher.peers.settle()
