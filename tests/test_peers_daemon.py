@@ -381,3 +381,13 @@ async def test_a_speculating_several_slot_server_that_answers_empty_is_never_cle
     assert value(text, "specwatch_peer_probe_failures_total", server="mtp", reason="no_logprobs") >= MISSED
     said = {e.get("detail") for e in logs if e["event"] in ("canary_failed", "peer_probe_failed") and e["server"] == "mtp"}
     assert said == {"the answer carries no tokens"}
+
+
+def test_the_landing_page_says_a_member_that_stopped_answering_is_unknown() -> None:
+    from specwatch.core.report import PeersEntry
+    from specwatch.daemon.landing import peer_words
+
+    lapsed = PeersEntry(group="tiny", agreement=None, missed_rounds=MISSED)
+    assert peer_words(lapsed) == f"group tiny: UNKNOWN, it did not answer the last {MISSED} peer-probe rounds its group answered"
+    assert peer_words(PeersEntry(group="tiny", agreement=None)) == "group tiny: nothing to compare yet"
+    assert peer_words(PeersEntry(group="tiny", agreement=True, noisy=True)).endswith("its own noise stands far over its group's")

@@ -40,6 +40,9 @@ def peer_words(entry: PeersEntry | None, group: str | None = None) -> str:
     """A model's standing with its peers for people: the second judgement, beside the verdict."""
     if entry is None:
         return f"group {group}: no peer to compare with" if group else ""
+    if entry.agreement is None and entry.missed_rounds:
+        return (f"group {entry.group}: UNKNOWN, it did not answer the last {entry.missed_rounds} peer-probe rounds its "
+                "group answered")
     if entry.agreement is None:
         return f"group {entry.group}: nothing to compare yet"
     deployment = f"; deployed otherwise: {entry.deployment}" if entry.deployment else ""
@@ -49,7 +52,8 @@ def peer_words(entry: PeersEntry | None, group: str | None = None) -> str:
                 f"held against {', '.join(entry.held_against)}{deployment}")
     evidence = f", evidence {entry.evidence:.0%} of the way to differing" if entry.evidence else ""
     others = "; others in the group differ" if entry.group_agreement is False else ""
-    return f"agrees with group {entry.group}{evidence}{others}{deployment}"
+    noisy = "; its own noise stands far over its group's" if entry.noisy else ""
+    return f"agrees with group {entry.group}{evidence}{others}{noisy}{deployment}"
 
 
 def rows(state: ServerState, now: float) -> list[Row]:
