@@ -708,7 +708,7 @@ def metrics_table(results: Results) -> list[str]:
 def readme_table(results: Results) -> list[str]:
     """The "Fleet scale" table of docs/operating.md: the medians over the runs."""
     lines = ["| servers | CPU per watched server per poll interval, canaries included | blackbox_exporter per probe | "
-             "ratio | with its `/metrics` | first 80 s, start-up included: per poll interval, ratio | "
+             "ratio | with its `/metrics` | first 80 s after the start-up burst: per poll interval, ratio | "
              "`/metrics` median: Prometheus / generic client | series per server | bytes per server | RSS |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for size, figures in results.sizes.items():
