@@ -13,6 +13,7 @@ from specwatch.daemon import landing, peering
 from specwatch.daemon.exposition.samples import ExporterStatus
 from specwatch.daemon.exposition.serve import Exposition
 from specwatch.daemon.web import WebApp
+from tests.support.fakes import peer_round
 from tests.support.wire import FakeLlama
 
 pytestmark = pytest.mark.real
@@ -51,6 +52,9 @@ def served(make_watcher, tmp_path: Path):
             await watcher.tick(name)  # its poll, then its canaries and the peer probes it made due
         while watcher._rounds:
             await asyncio.gather(*watcher._rounds)
+        # A peer-probe round of every server (the daemon asks it at each member's phase after its canaries), counted
+        # once each has had its turn.
+        await peer_round(watcher, FAKES)
         # As the daemon's next tick does, once a group of this size may be compared again.
         await asyncio.sleep(peering.SECONDS_PER_MEMBER * len(servers))
         watcher.peers.settle()
