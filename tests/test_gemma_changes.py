@@ -6,14 +6,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as Q  # noqa: E402
-from gguf import quants  # noqa: E402
-
-from tests.support import gemma  # noqa: E402
+from tests.support import gemma
 
 LAYERS = 4
 WIDTH, HIDDEN = 64, 128
