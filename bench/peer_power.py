@@ -196,7 +196,7 @@ def null_rates(null: list[Process], prompts: Sequence[int]) -> list[str]:
         over = f"{sum(1 for x in every if x > ALLOWANCE) / len(every):.1%} of {len(every)}, {max(every):.2f}"
         found, member_rounds, worst = resampled(scores)
         sim_hours = member_rounds * INTERVAL / 3600
-        rate = max(found, 3.0) / sim_hours if not found else found / sim_hours  # none seen: the rule of three
+        rate = (found or 3.0) / sim_hours  # none seen: the rule of three
         bound_rate = max(worst * 3600 / INTERVAL, _bound(found, sim_hours))
         said = "none" if not found else str(found)
         sim_arl = f"{'> ' if not found else ''}{1 / rate:,.0f}"

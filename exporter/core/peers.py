@@ -312,9 +312,9 @@ class Comparing(Generic[K]):
             reference = self.reference.answers.get(prompt(question, salt=self.salt, among=self.reference.prompts))
         if self.reference is not None and reference is None:
             return  # a round the reference did not record says nothing against it
-        scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference)
         if not answers:
             return
+        scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference)
         against = "the reference" if reference is not None else "its group"
         for k in answering:
             before = self.evidence.get(k, Cusum())

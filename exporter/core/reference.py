@@ -7,6 +7,7 @@ import json
 import math
 import os
 import tempfile
+from array import array
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,6 @@ def encode(answer: Logprobs) -> list[list[Any]]:
 
 def decode(tokens: Any, where: str) -> Logprobs:
     """An answer read back from the file; a malformed one is refused with where it is."""
-    from array import array
-
     if not isinstance(tokens, list) or not tokens:
         raise ReferenceFileError(f"{where}: an answer is a non-empty list of tokens")
     texts: list[str] = []

@@ -99,12 +99,10 @@ def round_of(now: float, interval: float) -> int:
     return int(now // interval) if interval > 0 else 0
 
 
-def peers_due(model: ModelState, now: float, *, interval: float, poll_interval: float = 0.0,
-              phase: float = 0.0) -> tuple[int, ...] | None:
+def peers_due(model: ModelState, now: float, *, interval: float, phase: float = 0.0) -> tuple[int, ...] | None:
     """The peer probe's round due for a member of a peer group at `now`, or None: the current round, once, from `phase`
     seconds into it after its first (each member at its own, so a fleet is asked over the round, not in its first
     seconds). A failed round is not asked again: its group counts it as one the member missed."""
-    del poll_interval  # rounds are the clock's, not the polls'
     if model.poll is None or not model.loaded:
         return None
     current = round_of(now, interval)

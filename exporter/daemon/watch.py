@@ -196,7 +196,6 @@ class Watcher(Runner):
             # in this process, and one due now goes ahead of the questions on the same connection.
             first = not canarying and canary_first(model, now, phase=self._phase(name, key))
             questions = peers_due(model, now, interval=self.settings.canary_interval,
-                                  poll_interval=self.settings.poll_interval,
                                   phase=self._round_phase(name, key)) if first and self.peers.compared(name, key) else None
             ask = bool(questions) and ("peers", name, key) not in self._in_flight
             if canary and ask:
