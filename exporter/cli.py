@@ -419,10 +419,13 @@ def _reference(args: argparse.Namespace) -> int:
     if args.prompts < 1:
         print("specwatch reference: --prompts must be 1 or more", file=sys.stderr)
         return EX_USAGE
+    from pydantic import ValidationError
+
     try:
-        ServerConfig(name="reference", url=args.url)
-    except ValueError as err:
-        print(f"specwatch reference: {args.url}: {err}", file=sys.stderr)
+        ServerConfig(name="reference", url=args.url, api_key_env=args.api_key_env, api_key_file=args.api_key_file)
+    except ValidationError as err:
+        said = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+        print(f"specwatch reference: {said}", file=sys.stderr)
         return EX_USAGE
     try:
         said = loop.run(record(args.url, args.out, count=args.prompts, model=args.model, timeout=args.timeout,

@@ -71,3 +71,17 @@ def test_a_group_held_to_its_reference_asks_only_the_prompts_it_recorded(tmp_pat
 
     held = Reference({3: ANSWER, 17: ANSWER})
     assert {prompt(q, among=held.prompts) for q in range(200)} == {3, 17}
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["http://127.0.0.1", "--out", "{out}"], "gives no port"),
+    (["http://127.0.0.1:9", "--out", "{out}", "--api-key-env", "SPECWATCH_TEST_UNSET_KEY"], "is unset or empty"),
+    (["http://127.0.0.1:9", "--out", "{out}", "--prompts", "0"], "--prompts must be 1 or more"),
+])
+def test_specwatch_reference_refuses_a_bad_call_in_words(args: list[str], words: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from specwatch.cli import main
+
+    out = tmp_path / "ref.json"
+    assert main(["reference", *[a.replace("{out}", str(out)) for a in args]]) == 64
+    assert words in capsys.readouterr().err and not out.exists()

@@ -3,18 +3,16 @@ file that a peer group is then held to (`peer_references` in the config)."""
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
-from pydantic import SecretStr
-
 from ..core import reference
 from ..probe import peerprobe, probes
 from ..probe.http.client import new_client
 from ..probe.http.fetch import Fetcher
+from ..probe.keyfiles import KeyFiles
 from ..probe.logprobs import Logprobs
 from ..reasons import ProbeFailure
 from ..settings.targets import ServerConfig
@@ -23,22 +21,11 @@ DEFAULT_PROMPTS = 400
 """Prompts recorded by default: at one round a canary_interval, a group asks each about once in seven hours."""
 
 
-def _key(api_key_env: str | None, api_key_file: Path | None) -> SecretStr | None:
-    if api_key_env:
-        value = os.environ.get(api_key_env)
-        if not value:
-            raise ValueError(f"environment variable {api_key_env} is not set")
-        return SecretStr(value)
-    if api_key_file is not None:
-        return SecretStr(api_key_file.read_text(encoding="utf-8").strip())
-    return None
-
-
 async def record(url: str, out: Path, *, count: int = DEFAULT_PROMPTS, model: str | None = None, timeout: float = 60.0,
                  api_key_env: str | None = None, api_key_file: Path | None = None) -> str:
     """Ask `count` pool prompts (a fresh draw) of the server at `url` and write the reference; what was done, in words."""
-    server = ServerConfig(name="reference", url=url, model=model)
-    key = _key(api_key_env, api_key_file)
+    server = ServerConfig(name="reference", url=url, model=model, api_key_env=api_key_env, api_key_file=api_key_file)
+    key = KeyFiles().key_of(server)
     chosen = random.SystemRandom().sample(range(len(peerprobe.prompts())), min(count, len(peerprobe.prompts())))
     answers: dict[int, Logprobs] = {}
     started = time.monotonic()
