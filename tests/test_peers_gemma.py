@@ -85,11 +85,12 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
             found = httpx.get(f"{exporter.url()}/api/v1/verdicts").json()
             said = {s["server"]: s["models"][0]["peers"] for s in found["servers"]}
             raise AssertionError(f"{failed}: last seen {seen[-1]}; peers {json.dumps(said, indent=1)}") from None
-        # Ten more answers of every replica: the agreeing ones never differ, not even for a scrape.
+        # Five more answers of every replica: the agreeing ones never differ, not even for a scrape. (How often they
+        # would over months is bench.peer_power's to measure, on a recording: each round here keeps a core busy.)
         asked = scrape(metrics)
-        wait_until("ten more peer probes of the busy replica", lambda: (find(
+        wait_until("five more peer probes of the busy replica", lambda: (find(
             scrape(metrics), "specwatch_peer_probes_total", server="busy", outcome="success") or 0) >= (find(
-            asked, "specwatch_peer_probes_total", server="busy", outcome="success") or 0) + 10, timeout=240,
+            asked, "specwatch_peer_probes_total", server="busy", outcome="success") or 0) + 5, timeout=180,
             interval=1.0, alive=exporter.process)
         settled()
         assert [s for s in seen if any(s[name] == 0.0 for name in AGREEING)] == [] and answered[0] > 0
