@@ -171,7 +171,7 @@ async def test_probe_failures_and_logs_carry_no_key(echo_servers, other_failures
     assert [labels[name].model for name in sorted(ALIAS_ECHOES)] == ["Bearer [REDACTED]"] * 2
     assert [labels[name].file for name in sorted(ALIAS_ECHOES)] == ["Bearer [REDACTED]"] * 2
     assert leaks(repr(labels)) == []
-    fingerprints = {s.config.name: s.model().fingerprint() for s in watcher.fleet.snapshot()}
+    fingerprints = {s.config.name: s.model().fingerprint for s in watcher.fleet.snapshot()}
     assert [fingerprints[f"models-meta-{k}"].ftype for k in ("file", "env")] == ["Bearer [REDACTED]"] * 2
     assert leaks(repr(fingerprints)) == []
 

@@ -87,21 +87,23 @@ class ModelState:
     peer_answers: PeerAnswers = field(default_factory=PeerAnswers)
     """Its answers to the peer probe in this process."""
 
+    @cached_property
     def fingerprint(self) -> Fingerprint | None:
         """What the server says of the model file, for comparing it with its peers; None while it is not polled."""
+        # Cached, as `peer` is: a state is never changed, only replaced, and a group of hundreds reads every member's.
         if self.poll is None:
             return None
         props = self.poll.props
         known = self.meta if self.meta is not None and self.meta_for == props.identity else _EMPTY
         return Fingerprint(build=props.build, file=props.file, **{k: known.get(k, "") for k in CONTENT_FIELDS})
 
+    @cached_property
     def peer(self) -> Peer | None:
         """This model as its group's comparison sees it: None while it is not polled and loaded."""
-        fingerprint = self.fingerprint()
+        fingerprint = self.fingerprint
         if fingerprint is None or not self.loaded:
             return None
         return Peer(fingerprint, self.peer_answers.answers, self.peer_answers.noise, self.peer_answers.turn)
-
 
     @property
     def loaded(self) -> bool:

@@ -57,7 +57,7 @@ class _Member:
     def peer(self) -> Peer | None:
         state = self.runner.fleet.get(CHECKED)
         model = state.models.get(self.key) if state is not None else None
-        return model.peer() if model is not None else None
+        return model.peer if model is not None else None
 
     @property
     def copies(self) -> int:
@@ -80,7 +80,7 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
         state = runner.fleet.get(CHECKED) if runner is not None else None
         for key, model in (state.models.items() if state is not None and runner is not None else ()):
             group = state.peer_group(key)
-            if model.peer() is not None and group is not None:
+            if model.peer is not None and group is not None:
                 config = server.model_copy(update={"name": CHECKED})
                 groups.setdefault(group, {})[member_name(server.url, key)] = _Member(runner, config, key)
     compared = {group: members for group, members in groups.items() if len(members) >= 2}

@@ -139,14 +139,13 @@ async def peer_round(watcher: Any, names: Iterable[str]) -> None:
     import asyncio
 
     from specwatch.daemon.cadence import round_of
-    from specwatch.daemon.peering import SECONDS_PER_MEMBER
 
     now = round_of(watcher._clock(), watcher.settings.canary_interval)
     names = list(names)
     for name in names:
         await watcher.peer_round(name, "", (now,))
-    await asyncio.sleep(SECONDS_PER_MEMBER * (len(names) + 1))  # a group is compared at most this often
-    watcher.peers._compared_at.clear()  # and on a loaded machine the wait may not be enough: compare now
+    await asyncio.sleep(0)
+    watcher.peers._compared_at.clear()  # a group is compared at most so often (SECONDS_PER_MEMBER): compare now
     watcher.peers.settle()
 
 

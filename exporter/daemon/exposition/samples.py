@@ -138,7 +138,7 @@ def peer_samples(out: Sink, server: ServerState) -> None:
     """Each model's fingerprint, and its standing in its peer group."""
     for key, model in server.models.items():
         extra = _model(key)
-        fingerprint = model.fingerprint()
+        fingerprint = model.fingerprint
         if fingerprint is not None:
             labels = tuple((name, getattr(fingerprint, name)) for name in FINGERPRINT_FIELDS)
             out.add("specwatch_model_fingerprint_info", (*extra, ("peer_group", server.peer_group(key) or ""), *labels), 1)
