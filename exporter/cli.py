@@ -200,6 +200,10 @@ def _parser() -> argparse.ArgumentParser:
     for option in OPTIONS:
         if option.mode is not Mode.EXPORTER:
             _add_option(check, option)
+    check.add_argument("--reference", type=Path, metavar="FILE",
+                       help="hold the servers' answers to a trusted server's, recorded with `specwatch reference URL "
+                            "--out FILE`: one server is compared too, and the odd one of a pair is named (every model "
+                            "checked is held to it: give servers of the reference's model)")
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
     asking = check.add_argument_group(CHECK.say(ASKING))
     for option in OPTIONS:
@@ -368,6 +372,9 @@ def _check(args: argparse.Namespace) -> int:
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with how check was called, in words: the URL and --exporter exclude each other, and their flags."""
     values = vars(args)
+    if args.reference is not None and args.exporters:
+        return ("--reference cannot be used with --exporter: a daemon holds a group to a reference file in its config "
+                "(peer_references: {GROUP: FILE})")
     return mode_problem(values, url=args.urls, spelling=CHECK) or exporter_flags_problem(values, CHECK)
 
 
@@ -399,10 +406,19 @@ def _checked(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"specwatch check: {err}", file=sys.stderr)
         return EX_USAGE
+    held_to = None
+    if args.reference is not None:
+        from .core.reference import ReferenceFileError, read
+
+        try:
+            held_to = read(args.reference)
+        except ReferenceFileError as err:
+            print(f"specwatch check: --reference {err}", file=sys.stderr)
+            return EX_USAGE
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
-    if len(servers) > 1:
+    if len(servers) > 1 or held_to is not None:
         checks = loop.run(run_checks(servers, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
-                                        load=args.load))
+                                        load=args.load, reference=held_to))
         print(json.dumps(checks.as_json(), indent=2) if args.json else render_checks(checks))
         return checks.exit_code
     report = loop.run(run_check(servers[0], endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,

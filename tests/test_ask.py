@@ -266,6 +266,10 @@ def test_the_command_line(fleet: Served, capsys) -> None:
     (["check", "--exporter", "http://b:2", "--exporter-key-file", "/x"], "--exporter-key-file needs --exporter-cert-file"),
     (["check", "--exporter", "http://b:2", "--endpoint", "chat", "--api-key-env", "K"],
      "--api-key-env, --endpoint cannot be used with --exporter: --exporter sends no canary"),
+    (["check", "--exporter", "http://b:2", "--reference", "r.json"],
+     "--reference cannot be used with --exporter: a daemon holds a group to a reference file in its config"),
+    (["check", "http://a:1", "--reference", "/nonexistent/r.json"],
+     "--reference /nonexistent/r.json: no such file (record one with `specwatch reference URL --out"),
 ])
 def test_usage_errors(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 64

@@ -96,3 +96,35 @@ async def test_the_report_reads_as_text_and_json(as_json: bool) -> None:
     else:
         text = render_checks(report)
         assert "peers tiny: http://c:8080 DIFFERS (fingerprint)" in text and "server http://a:8080" in text
+
+
+async def _reference_of(fake: FakeLlama, path, prompts_count: int = 24):
+    """A reference recorded from `fake` as `specwatch reference` records one."""
+    from specwatch.core import reference
+    from specwatch.gate.recording import record
+
+    await record("http://trusted:8080", path, count=prompts_count, timeout=5,
+                 connect=fake_fleet({"trusted": fake}).client)
+    return reference.read(path)
+
+
+async def test_a_pair_held_to_a_reference_names_its_odd_member(tmp_path) -> None:
+    held = await _reference_of(FakeLlama.plain(), tmp_path / "tiny.reference.json")
+    fakes = {"a": FakeLlama.plain(), "c": FakeLlama.plain(token_probability=0.5)}
+    report = await _checks(fakes, reference=held)
+    assert (report.exit_code, report.disagreeing) == (1, ["http://c:8080"])  # not both, as without it
+    assert not report.peers["http://c:8080"].split and report.peers["http://a:8080"].agreement is True
+    assert "from the reference" in report.peers["http://c:8080"].detail
+    asked = {r.json()["prompt"] for r in fakes["a"].requests if r.path == PATH and r.json().get("prompt") in set(prompts())}
+    assert asked <= {prompts()[i] for i in held.prompts}  # only what the reference recorded
+
+
+async def test_one_server_held_to_a_reference_is_compared_and_one_that_matches_passes(tmp_path) -> None:
+    held = await _reference_of(FakeLlama.plain(), tmp_path / "tiny.reference.json")
+    report = await _checks({"c": FakeLlama.plain(token_probability=0.5)}, reference=held)
+    assert (report.exit_code, report.disagreeing) == (1, ["http://c:8080"])
+    assert "differ from the reference or their peer group" in report.summary
+    assert "held against the reference" in report.summary
+    report = await _checks({"a": FakeLlama.plain()}, reference=held)
+    assert (report.exit_code, report.disagreeing, report.undecided) == (0, [], [])
+    assert report.peers["http://a:8080"].agreement is True

@@ -159,6 +159,12 @@ def test_a_pair_held_to_a_recorded_reference_names_its_odd_member(pool: Pool, tm
         wait_until("the odd member named", named, timeout=120, interval=0.5, alive=exporter.process)
         peers = {s["server"]: s["models"][0]["peers"] for s in httpx.get(f"{exporter.url()}/api/v1/verdicts").json()["servers"]}
         assert not peers["other-file"]["split"] and "from the reference" in peers["other-file"]["detail"]
+    # check does the same with --reference: the pair's odd server is named, and one server alone is compared too.
+    code, report = check_json(pool.url("wide"), pool.url("other-file"), "--reference", str(ref), "--tokens", "8",
+                              "--endpoint", "completion")
+    assert (code, report["disagreeing"]) == (1, [pool.url("other-file")]), report["summary"]
+    code, report = check_json(pool.url("wide"), "--reference", str(ref), "--tokens", "8", "--endpoint", "completion")
+    assert (code, report["disagreeing"], report["undecided"]) == (0, [], []), report["summary"]
     ref.write_text(ref.read_text()[:100])  # cut short: the daemon refuses to start on it, and says why
     refused = subprocess.run([sys.executable, "-m", "specwatch", "run", "--config", str(config), "--check-config"],
                              capture_output=True, text=True, timeout=60)

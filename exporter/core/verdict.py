@@ -249,14 +249,15 @@ DISAGREEING_EXIT_CODE = 1
 
 
 def among_peers(decision: Decision, disagreements: Sequence[Disagreement],
-                undecided: Sequence[str] = ()) -> tuple[Decision, int]:
+                undecided: Sequence[str] = (), *, referenced: bool = False) -> tuple[Decision, int]:
     """The fill-in verdict kept, the peer judgement said first: a replica that differs makes a gate exit 1, one the
-    test could not decide on 2 (never clean)."""
+    test could not decide on 2 (never clean). `referenced`: the servers were held to a reference file as well."""
     if disagreements:
-        each = "; ".join(f"{d.name} ({d.kind}: {d.detail}; held against {', '.join(d.held_against) or 'the others'})"
+        alone = "the reference" if referenced else "the others"
+        each = "; ".join(f"{d.name} ({d.kind}: {d.detail}; held against {', '.join(d.held_against) or alone})"
                          for d in disagreements)
-        said = (f"{len(disagreements)} replica(s) differ from their peer group, so an eval routed across them mixes "
-                f"models: {each}")
+        said = (f"{len(disagreements)} replica(s) differ from {'the reference or ' if referenced else ''}their peer "
+                f"group, so an eval routed across them mixes models: {each}")
         return Decision(decision.verdict, f"{said}; {decision.summary}"), DISAGREEING_EXIT_CODE
     if undecided:
         said = (f"the peer test has not told whether {', '.join(undecided)} answer as their peers do (too few rounds "

@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..core import reference
 from ..probe import peerprobe, probes
-from ..probe.http.client import new_client
+from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher
 from ..probe.keyfiles import KeyFiles
 from ..probe.logprobs import Logprobs
@@ -22,14 +23,15 @@ DEFAULT_PROMPTS = 400
 
 
 async def record(url: str, out: Path, *, count: int = DEFAULT_PROMPTS, model: str | None = None, timeout: float = 60.0,
-                 api_key_env: str | None = None, api_key_file: Path | None = None) -> str:
+                 api_key_env: str | None = None, api_key_file: Path | None = None,
+                 connect: Callable[[], Client] = new_client) -> str:
     """Ask `count` pool prompts (a fresh draw) of the server at `url` and write the reference; what was done, in words."""
     server = ServerConfig(name="reference", url=url, model=model, api_key_env=api_key_env, api_key_file=api_key_file)
     key = KeyFiles().key_of(server)
     chosen = random.SystemRandom().sample(range(len(peerprobe.prompts())), min(count, len(peerprobe.prompts())))
     answers: dict[int, Logprobs] = {}
     started = time.monotonic()
-    async with new_client() as http:
+    async with connect() as http:
         fetcher = Fetcher(http, 4 * 1024 * 1024)
         polled = await probes.poll(fetcher, server, timeout=timeout, api_key=key)
         result = next(iter(polled.models.values())).result if polled.models else None

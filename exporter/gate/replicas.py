@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.evidence import Cusum
-from ..core.peers import Comparing, Judgement, Peer, Standing, member_name
+from ..core.peers import Comparing, Judgement, Peer, Reference, Standing, member_name
 from ..core.report import PeersEntry, peers_entry
 from ..core.runner import Runner
 from ..core.verdict import Decision, Disagreement, Verdict, among_peers, worst
@@ -69,8 +69,9 @@ class _Member:
 
 async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
                      max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], Client] = new_client,
-                     load: bool = False, spelling: Spelling = CHECK) -> ChecksReport:
-    """Check every server, then compare the models that report one name, as the daemon compares a peer group."""
+                     load: bool = False, spelling: Spelling = CHECK, reference: Reference | None = None) -> ChecksReport:
+    """Check every server, then compare the models that report one name, as the daemon compares a peer group (and each
+    of them with `reference`, where given: a model alone is compared then too)."""
     reports: list[CheckReport] = []
     groups: dict[str, dict[str, _Member]] = {}
     for server in servers:
@@ -83,14 +84,14 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
             if model.peer is not None and group is not None:
                 config = server.model_copy(update={"name": CHECKED})
                 groups.setdefault(group, {})[member_name(server.url, key)] = _Member(runner, config, key)
-    compared = {group: members for group, members in groups.items() if len(members) >= 2}
+    compared = {group: members for group, members in groups.items() if len(members) >= (1 if reference else 2)}
     standings: dict[str, Standing] = {}
     unsettled: list[str] = []
     if compared:
         async with connect() as http:
             fetcher = Fetcher(http, max_bytes)
             for group, members in compared.items():
-                judgement = await _decided(members, fetcher)
+                judgement = await _decided(members, fetcher, reference)
                 agreement, split = judgement.agreement, judgement.split  # once: each reads every member
                 standings |= {n: Standing(group, c, agreement, split)
                               for n, c in judgement.members.items()}
@@ -102,17 +103,18 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
     report.undecided = [] if disagreements else unsettled
     name, decision = worst((r.url, Decision(Verdict(r.verdict), r.summary)) for r in reports)
     decision = Decision(decision.verdict, f"{name}: {decision.summary} (worst of {len(reports)} checked)")
-    decision, exit_code = among_peers(decision, disagreements, report.undecided)
+    decision, exit_code = among_peers(decision, disagreements, report.undecided, referenced=reference is not None)
     decision.onto(report).exit_code = exit_code  # a replica that differs makes it 1, an undecided one 2
     return report
 
 
-async def _decided(members: dict[str, _Member], fetcher: Fetcher) -> Judgement[str]:
-    """Ask the group's members the peer probe, one prompt a round, until the test settles each of them, or ROUNDS."""
-    test: Comparing[str] = Comparing()
+async def _decided(members: dict[str, _Member], fetcher: Fetcher, reference: Reference | None) -> Judgement[str]:
+    """Ask the group's members the peer probe, one prompt a round (one the reference recorded, if held to one), until
+    the test settles each of them, or ROUNDS."""
+    test: Comparing[str] = Comparing(reference)
     judgement: Judgement[str] = Judgement({})
     for question in range(ROUNDS):
-        asked = [(question, prompt(question))]
+        asked = [(question, prompt(question, among=reference.prompts if reference is not None else None))]
         for member in members.values():
             member.runner.fetcher = fetcher  # the check's own client is closed by now
         await asyncio.gather(*(member.runner.ask_peers(member.server, member.key, asked, copies=member.copies)
