@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -11,18 +10,8 @@ from typing import NoReturn
 
 from . import loop
 from .daemon.web import DEFAULT_PORT, parse_listen
-from .endpoints import Endpoint
-from .gate.options import (
-    ASKING,
-    CHECK,
-    OPTIONS,
-    Mode,
-    Option,
-    check_server,
-    exporter_flags_problem,
-    logs_to_stderr,
-    mode_problem,
-)
+from .gate import commands
+from .gate.options import ASKING, CHECK, EX_USAGE, OPTIONS, Mode, Option
 from .probe.canary import CHAT_PROOF, PROMPT_PROOF
 from .problems import ConfigError
 from .settings.loading import load_settings
@@ -32,8 +21,6 @@ from .version import __version__
 
 EX_CONFIG = 2
 """`specwatch run`: the config or web config is invalid, or the address cannot be listened on."""
-EX_USAGE = 64
-"""Every command: the command line itself is wrong (sysexits' EX_USAGE; `check` uses 1 and 2 for verdicts)."""
 
 _PORT, _FROM, _BEFORE = LLAMA_SERVER_PORT, PORT_CHANGED_IN_BUILD, LLAMA_SERVER_PORT_BEFORE
 """llama-server's default port from build _FROM, and before it, as the help texts below say them."""
@@ -272,11 +259,11 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "check":
-        return _check(args)
+        return commands.check(args)
     if args.command == "audit":
         return _audit(args)
     if args.command == "reference":
-        return _reference(args)
+        return commands.reference(args)
     try:
         from .demo import run_demo
     except ImportError:
@@ -361,95 +348,6 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as err:
         print(f"specwatch: cannot listen on {args.listen}: {err.strerror or err}", file=sys.stderr)
         return EX_CONFIG
-    return 0
-
-
-def _check(args: argparse.Namespace) -> int:
-    with logs_to_stderr():
-        return _checked(args)
-
-
-def _usage_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with how check was called, in words: the URL and --exporter exclude each other, and their flags."""
-    values = vars(args)
-    if args.reference is not None and args.exporters:
-        return ("--reference cannot be used with --exporter: a daemon holds a group to a reference file in its config "
-                "(peer_references: {GROUP: FILE})")
-    return mode_problem(values, url=args.urls, spelling=CHECK) or exporter_flags_problem(values, CHECK)
-
-
-def _asked(args: argparse.Namespace) -> int:
-    from .gate.ask import Exporter, ask
-    from .gate.ask import render_text as render_asked
-
-    exporters = [Exporter(url, args.exporter_username, args.exporter_password_file, args.exporter_ca_file,
-                          args.exporter_cert_file, args.exporter_key_file) for url in args.exporters]
-    report = loop.run(ask(exporters, servers=args.servers, labels=args.labels, model=args.model, timeout=args.timeout))
-    print(json.dumps(report.as_json(), indent=2) if args.json else render_asked(report))
-    return report.exit_code
-
-
-def _checked(args: argparse.Namespace) -> int:
-    from .gate.check import render_text, run_check
-    from .gate.replicas import render_checks, run_checks
-
-    problem = _usage_problem(args)
-    if problem is not None:
-        print(f"specwatch check: error: {problem}", file=sys.stderr)
-        return EX_USAGE
-    if args.exporters:
-        return _asked(args)
-
-    try:
-        servers = [check_server(url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model)
-                   for url in args.urls]
-    except ValueError as err:
-        print(f"specwatch check: {err}", file=sys.stderr)
-        return EX_USAGE
-    held_to = None
-    if args.reference is not None:
-        from .core.reference import ReferenceFileError, read
-
-        try:
-            held_to = read(args.reference)
-        except ReferenceFileError as err:
-            print(f"specwatch check: --reference {err}", file=sys.stderr)
-            return EX_USAGE
-    endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
-    if len(servers) > 1 or held_to is not None:
-        checks = loop.run(run_checks(servers, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
-                                        load=args.load, reference=held_to))
-        print(json.dumps(checks.as_json(), indent=2) if args.json else render_checks(checks))
-        return checks.exit_code
-    report = loop.run(run_check(servers[0], endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
-                                   load=args.load))
-    print(json.dumps(report.as_json(), indent=2) if args.json else render_text(report))
-    return report.exit_code
-
-
-def _reference(args: argparse.Namespace) -> int:
-    from .gate.recording import record
-    from .reasons import ProbeFailure
-    from .settings.targets import ServerConfig
-
-    if args.prompts < 1:
-        print("specwatch reference: --prompts must be 1 or more", file=sys.stderr)
-        return EX_USAGE
-    from pydantic import ValidationError
-
-    try:
-        ServerConfig(name="reference", url=args.url, api_key_env=args.api_key_env, api_key_file=args.api_key_file)
-    except ValidationError as err:
-        said = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
-        print(f"specwatch reference: {said}", file=sys.stderr)
-        return EX_USAGE
-    try:
-        said = loop.run(record(args.url, args.out, count=args.prompts, model=args.model, timeout=args.timeout,
-                               api_key_env=args.api_key_env, api_key_file=args.api_key_file))
-    except (ProbeFailure, OSError, ValueError) as err:
-        print(f"specwatch reference: nothing written: {err}", file=sys.stderr)
-        return 1
-    print(said)
     return 0
 
 

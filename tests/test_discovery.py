@@ -285,8 +285,10 @@ def test_a_running_exporter_follows_its_target_files_and_serves_sd(tmp_path: Pat
 
         (targets / "b.json").write_text("[{not json")
         wait_until("the broken file refused", lambda: value(scrape(metrics), "specwatch_discovery_refresh_successful", source="file_sd[0]") == 0, timeout=20, alive=exporter.process)
-        refused = [e for e in exporter.events() if e.get("event") == "discovery_refused"]
-        assert refused and "b.json" in refused[-1]["file"] and "not valid JSON or YAML" in refused[-1]["error"]
+        # The log line may reach the test's reader a moment after the metric a scrape shows (cold run 5, at load 11).
+        refused = wait_until("the refusal logged", lambda: [e for e in exporter.events() if e.get("event") == "discovery_refused"],
+                             timeout=10, alive=exporter.process)
+        assert "b.json" in refused[-1]["file"] and "not valid JSON or YAML" in refused[-1]["error"]
         assert value(scrape(metrics), "specwatch_verdict", server="b", verdict="fill_ins") == 1  # still watched
 
         sd = httpx.get(f"{exporter.url()}/sd", timeout=10).json()

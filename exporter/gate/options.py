@@ -168,6 +168,9 @@ SWITCH = "exporter"
 SELECTING = ("server", "label")
 """The exporter options that choose what it reports (the plugin's fixture takes its own, so they make no default)."""
 
+EX_USAGE = 64
+"""Every command: the command line itself is wrong (sysexits' EX_USAGE; `check` uses 1 and 2 for verdicts)."""
+
 # Usage problems, worded once; each front end fills in its own flags.
 ONE_WAY = "give a server's URL to canary it, or {exporter} URL to ask a running specwatch (one of the two)"
 WITH_EXPORTER = "{flags} cannot be used with {exporter}: {exporter} sends no canary"
