@@ -117,7 +117,7 @@ async def test_churned_servers_leave_nothing_behind(tmp_path: Path, monkeypatch:
     warm, last = seen
     for what in ("fleet", "scheduled", "streaks", "labels", "entries"):
         assert last[what] <= PER_CYCLE, (what, seen)
-    assert last["columns"] <= warm["columns"], seen
+    assert last["blocks"] <= warm["blocks"], seen
     # Connections to the servers of the last cycles at most, not to every one ever watched.
     assert last["fds"] <= warm["fds"] + 2 * PER_CYCLE, seen
     churned = (CYCLES - WARM) * PER_CYCLE
