@@ -393,9 +393,22 @@ def _cli(exporter: str, *args: str) -> tuple[int, dict]:
     (["--label", "pool=nope"], 2, "unchecked"),
 ])
 def test_check_exporter_on_a_real_daemon(real_fleet, selection: list[str], code: int, verdict: str) -> None:
+    from tests.support.waiting import wait_until
+
     daemon, auth = real_fleet
-    found, report = _cli(daemon.url, *auth, *selection)
-    assert (found, report["verdict"]) == (code, verdict), report["summary"]
+    seen: list[dict] = []
+
+    def answered() -> bool:
+        found, report = _cli(daemon.url, *auth, *selection)
+        seen.append(report)
+        return (found, report["verdict"]) == (code, verdict)
+
+    # A poll that times out (900 ms here, to keep the fleet quick) makes that server's verdict unchecked until the next
+    # poll answers, and the gate rightly says so: on a loaded machine (the full suite at load 8) one did, for a moment.
+    try:
+        wait_until("the selection's verdict", answered, timeout=20, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"last said: {seen[-1]['summary']}") from None
 
 
 @pytest.mark.real
