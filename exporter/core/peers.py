@@ -309,7 +309,7 @@ class Comparing(Generic[K]):
         answers = {k: p.answers[question] for k, p in answering.items() if question in p.answers}
         reference = None
         if self.reference is not None:
-            reference = self.reference.answers.get(prompt(question, salt=self.salt, among=self.reference.prompts))
+            reference = self.reference.answers.get(asked(question, self.reference, salt=self.salt))
         if self.reference is not None and reference is None:
             return  # a round the reference did not record says nothing against it
         if not answers:
@@ -377,6 +377,11 @@ class Reference:
     def prompts(self) -> tuple[int, ...]:
         """The pool prompts it recorded: a group held to it is asked only those."""
         return tuple(sorted(self.answers))
+
+
+def asked(question: int, reference: Reference | None, *, salt: int | None = None) -> int:
+    """The pool prompt round `question` asks a group: one its reference recorded, if it is held to one."""
+    return prompt(question, salt=salt, among=reference.prompts if reference is not None else None)
 
 
 def _sorted(members: Collection[K]) -> tuple[K, ...]:

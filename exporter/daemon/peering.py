@@ -8,11 +8,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Reference, Standing, member_name
+from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Reference, Standing, asked, member_name
 from ..core.state import Fleet, ModelState
 from ..probe.llama import Props
 from ..probe.logprobs import Logprobs
-from ..probe.peerprobe import prompt
 from .cadence import round_of
 
 log = structlog.get_logger("specwatch")
@@ -148,7 +147,7 @@ class PeerBoard:
         """The pool prompt a member is asked in round `question`: its group's reference's prompts only, if it has one."""
         group = self._by_server.get(name, {}).get(key)
         reference = self.references.get(group) if group is not None else None
-        return prompt(question, among=reference.prompts if reference is not None else None)
+        return asked(question, reference)
 
     def _forget(self, group: str, member: Member) -> None:
         test = self._tests.get(group)

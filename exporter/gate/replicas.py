@@ -9,14 +9,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.evidence import Cusum
-from ..core.peers import Comparing, Judgement, Peer, Reference, Standing, member_name
+from ..core.peers import Comparing, Judgement, Peer, Reference, Standing, asked, member_name
 from ..core.report import PeersEntry, peers_entry
 from ..core.runner import Runner
 from ..core.verdict import Decision, Disagreement, Verdict, among_peers, worst
 from ..endpoints import Endpoint
 from ..probe.http.client import Client, new_client
 from ..probe.http.fetch import Fetcher
-from ..probe.peerprobe import COPIES, prompt
+from ..probe.peerprobe import COPIES
 from ..settings.targets import ServerConfig
 from .check import CHECKED, CheckReport, checked, render_text
 from .options import CHECK, Spelling
@@ -114,10 +114,10 @@ async def _decided(members: dict[str, _Member], fetcher: Fetcher, reference: Ref
     test: Comparing[str] = Comparing(reference)
     judgement: Judgement[str] = Judgement({})
     for question in range(ROUNDS):
-        asked = [(question, prompt(question, among=reference.prompts if reference is not None else None))]
+        questions = [(question, asked(question, reference))]
         for member in members.values():
             member.runner.fetcher = fetcher  # the check's own client is closed by now
-        await asyncio.gather(*(member.runner.ask_peers(member.server, member.key, asked, copies=member.copies)
+        await asyncio.gather(*(member.runner.ask_peers(member.server, member.key, questions, copies=member.copies)
                                for member in members.values() if member.peer is not None))
         peers = {name: peer for name, member in members.items() if (peer := member.peer) is not None}
         test.count(peers, before=question + 1)
