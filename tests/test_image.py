@@ -186,7 +186,11 @@ def test_a_hung_exporter_turns_unhealthy_and_healthy_again_when_it_runs(docker: 
         docker("kill", "--signal", "SIGCONT", container.name)
     failures = hung["Log"][-HEALTH_RETRIES:]
     assert hung["FailingStreak"] >= HEALTH_RETRIES
-    assert all(entry["ExitCode"] == 1 and f"no answer within {TIMEOUT:g}s" in entry["Output"] for entry in failures), failures
+    ours = [entry["ExitCode"] == 1 and f"no answer within {TIMEOUT:g}s" in entry["Output"] for entry in failures]
+    # On a starved machine (load 17 in CI) the check's own process can outlast Docker's timeout for the whole check:
+    # Docker then ends it (-1). That is a failed check too, but at least one failure must be the check's own words.
+    dockers = [entry["ExitCode"] == -1 and "exceeded timeout" in entry["Output"] for entry in failures]
+    assert all(a or b for a, b in zip(ours, dockers, strict=True)) and any(ours), failures
     wait_health(container, "healthy", 60)
     after = container.inspect()["State"]
     assert (after["Pid"], after["StartedAt"], after["Running"]) == (before["Pid"], before["StartedAt"], True)
