@@ -45,11 +45,11 @@ async def test_the_preparation_before_a_due_scrape_compresses_and_the_scrape_doe
     made: list[str] = []
     original = serve._GzipPrefix.__init__
 
-    def counting(self, generation: int, text: bytes) -> None:
+    def counting(self, generation: int, parts: tuple[bytes, ...]) -> None:
         import threading
 
         made.append(threading.current_thread().name)
-        original(self, generation, text)
+        original(self, generation, parts)
 
     monkeypatch.setattr(serve._GzipPrefix, "__init__", counting)
     clock = [1000.0]

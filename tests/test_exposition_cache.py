@@ -145,11 +145,12 @@ async def test_a_scrape_serves_what_was_just_prepared_unless_servers_or_settings
     status = ExporterStatus(15.0, 60.0)
     renderer = TextRenderer(watcher.fleet, lambda: status)
     renderer.prepare()
-    prepared = renderer.text()
+    prepared, text = renderer.versioned()
     await watcher.canary("b")  # a new value, within the preparation's lifetime: served at the next preparation
-    assert renderer.text() is prepared
+    assert renderer.versioned()[0] == prepared and renderer.text() == b"".join(text)
     renderer.prepare()
-    assert renderer.text() != prepared and 'endpoint="chat",server="b"' in renderer.text().decode()
+    assert renderer.versioned()[0] != prepared and renderer.text() != b"".join(text)
+    assert 'endpoint="chat",server="b"' in renderer.text().decode()
 
     status = replace(status, reload_successful=False)  # a reload: served at once
     assert b"specwatch_config_last_reload_successful 0.0" in renderer.text()
@@ -175,9 +176,9 @@ async def test_the_scrapes_of_one_preparation_compress_the_fleet_once(make_watch
     made: list[bytes] = []
     original = serve._GzipPrefix.__init__
 
-    def counting(self, generation: int, text: bytes) -> None:
-        made.append(text)
-        original(self, generation, text)
+    def counting(self, generation: int, parts: tuple[bytes, ...]) -> None:
+        made.append(b"".join(parts))
+        original(self, generation, parts)
 
     monkeypatch.setattr(serve._GzipPrefix, "__init__", counting)
     bodies = [exposition.scrape(None, "gzip").body for _ in range(3)]

@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encode
 from ...core.state import Fleet
 from .registry import SpecwatchCollector
 from .samples import ExporterStatus
-from .text import TextRenderer
+from .text import Parts, TextRenderer
 
 GZIP_LEVEL = 1
 """Text metrics shrink about fifteenfold even at the fastest level, which keeps a large fleet's scrape cheap."""
@@ -76,7 +76,8 @@ class Scrape:
 
 
 class _GzipPrefix:
-    """`text` compressed once; member(rest) is one gzip member of text + rest, what gzip.compress() would decompress to.
+    """The parts of a text compressed once; member(rest) is one gzip member of the text + rest, what gzip.compress()
+    would decompress to.
 
     One member, not two concatenated: many clients (httpx, urllib3) stop reading after the first. The compressor's
     state after `text` is copied for each scrape, so only the small rest is compressed again.
@@ -84,13 +85,16 @@ class _GzipPrefix:
 
     _HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"  # deflate, no name, mtime 0, fastest, unknown OS
 
-    def __init__(self, generation: int, text: bytes) -> None:
+    def __init__(self, generation: int, parts: Parts) -> None:
         self.generation = generation
-        """The renderer's generation of `text`; the text itself is not kept (8 MB at 1,000 servers)."""
-        self._length = len(text)
+        """The renderer's generation of `parts`; the parts themselves are not kept (8 MB at 1,000 servers)."""
         self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-        self._prefix = self._HEADER + self._compressor.compress(text)
-        self._crc = zlib.crc32(text)
+        compressed, self._length, self._crc = [self._HEADER], 0, 0
+        for part in parts:  # one stream over all of them: the same bytes as compressing them joined
+            compressed.append(self._compressor.compress(part))
+            self._length += len(part)
+            self._crc = zlib.crc32(part, self._crc)
+        self._prefix = b"".join(compressed)
 
     def member(self, rest: bytes) -> bytes:
         compressor = self._compressor.copy()
@@ -217,14 +221,14 @@ class Exposition:
             encoder, content_type = choose_encoder(accept or "")
             body = encoder(self.registry)
             return Scrape(gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0) if gzipped else body, content_type, gzipped)
-        generation, text = self.renderer.versioned()
+        generation, parts = self.renderer.versioned()
         process = generate_latest(self._process)
         if not gzipped:
-            return Scrape(text + process, TEXT_FORMAT, False)
+            return Scrape(b"".join((*parts, process)), TEXT_FORMAT, False)
         self._scrapes.seen(time.monotonic())
         cached = self._gzipped
         if cached is None or cached.generation != generation:
-            cached = self._gzipped = _GzipPrefix(generation, text)
+            cached = self._gzipped = _GzipPrefix(generation, parts)
         return Scrape(cached.member(process), TEXT_FORMAT, True)
 
     def _prepare_in_background(self) -> None:
@@ -249,10 +253,10 @@ class Exposition:
         """Render what changed; compress it too when a gzipped scrape is due before the next preparation."""
         self.renderer.prepare()
         if self._scrapes.due(time.monotonic(), PREPARE_SECONDS + _Scrapes.TOLERANCE):
-            generation, text = self.renderer.versioned()
+            generation, parts = self.renderer.versioned()
             cached = self._gzipped
             if cached is None or cached.generation != generation:
-                self._gzipped = _GzipPrefix(generation, text)
+                self._gzipped = _GzipPrefix(generation, parts)
 
 
 def _prepare_forever(exposition: weakref.ReferenceType[Exposition], failures: _Failures) -> None:
