@@ -57,8 +57,8 @@ def _said(result: subprocess.CompletedProcess[str]) -> str:
 def test_promptfoo_before_all_extension(tmp_path: Path, servers: dict[str, str], specwatch: tuple[Path, Path]) -> None:
     (gate,) = recipe("promptfoo", "js")
     (config,) = recipe("promptfoo", "yaml")
-    with recipes.locked(f"promptfoo-{recipes.PROMPTFOO}") as home:
-        npm_bin = recipes.npm_tool(home, f"promptfoo@{recipes.PROMPTFOO}")
+    with recipes.locked(f"promptfoo-{recipes.PROMPTFOO}-lean") as home:
+        npm_bin = recipes.npm_tool(home, f"promptfoo@{recipes.PROMPTFOO}", left_out=recipes.PROMPTFOO_LEFT_OUT)
         for kind in ("draft", "plain"):
             work = tmp_path / kind
             work.mkdir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +18,9 @@ from tests.support.llamabuild import cache_root
 ROOT = Path(__file__).resolve().parent.parent.parent
 PROMPTFOO = "0.121.20"
 """The last promptfoo whose engines take Node.js 20 (`^20.20.0 || >=22.22.0`); 0.122 and later need 22.22."""
+PROMPTFOO_LEFT_OUT = ("@openai/codex", "@anthropic-ai/claude-agent-sdk")
+"""promptfoo's coding-agent providers, which an eval of an HTTP server never loads: their native binaries are 590 MB
+of its 1.4 GB, and leaving them out took its install from 84 to 60 CPU seconds."""
 DEEPEVAL = "4.3.1"
 INSPECT_AI = "0.3.285"
 OPENAI = "3.57.0"
@@ -72,11 +76,15 @@ def python_tool(home: Path, requirements: Sequence[str]) -> Path:
     return _made_once(home, make) / "venv" / "bin" / "python"
 
 
-def npm_tool(home: Path, package: str) -> Path:
-    """`package` installed from the npm registry into `home`; its node_modules/.bin."""
+def npm_tool(home: Path, package: str, *, left_out: Sequence[str] = ()) -> Path:
+    """`package` installed from the npm registry into `home`, its dependencies `left_out` replaced by an empty package;
+    its node_modules/.bin."""
 
     def make(where: Path) -> None:
-        (where / "package.json").write_text('{"private": true}\n')
+        (where / "empty").mkdir()
+        (where / "empty" / "package.json").write_text('{"name": "empty", "version": "0.0.0"}\n')
+        overrides = dict.fromkeys(left_out, "file:./empty")
+        (where / "package.json").write_text(json.dumps({"private": True, "overrides": overrides}) + "\n")
         _run(["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", package], f"npm install {package}", cwd=where)
 
     return _made_once(home, make) / "node_modules" / ".bin"
