@@ -101,9 +101,10 @@ async def test_the_report_reads_as_text_and_json(as_json: bool) -> None:
 async def _reference_of(fake: FakeLlama, path, prompts_count: int = 24):
     """A reference recorded from `fake` as `specwatch reference` records one."""
     from specwatch.core import reference
+    from specwatch.gate.options import check_server
     from specwatch.gate.recording import record
 
-    await record("http://trusted:8080", path, count=prompts_count, timeout=5,
+    await record(check_server("http://trusted:8080"), path, count=prompts_count, timeout=5,
                  connect=fake_fleet({"trusted": fake}).client)
     return reference.read(path)
 

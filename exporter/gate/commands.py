@@ -78,23 +78,18 @@ def _checked(args: argparse.Namespace) -> int:
 def reference(args: argparse.Namespace) -> int:
     """`specwatch reference URL --out FILE`: a trusted server's answers recorded; the exit code."""
     from ..reasons import ProbeFailure
-    from ..settings.targets import ServerConfig
     from .recording import record
 
     if args.prompts < 1:
         print("specwatch reference: --prompts must be 1 or more", file=sys.stderr)
         return EX_USAGE
-    from pydantic import ValidationError
-
     try:
-        ServerConfig(name="reference", url=args.url, api_key_env=args.api_key_env, api_key_file=args.api_key_file)
-    except ValidationError as err:
-        said = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
-        print(f"specwatch reference: {said}", file=sys.stderr)
+        server = check_server(args.url, api_key_file=args.api_key_file, api_key_env=args.api_key_env, model=args.model)
+    except ValueError as err:
+        print(f"specwatch reference: {err}", file=sys.stderr)
         return EX_USAGE
     try:
-        said = loop.run(record(args.url, args.out, count=args.prompts, model=args.model, timeout=args.timeout,
-                               api_key_env=args.api_key_env, api_key_file=args.api_key_file))
+        said = loop.run(record(server, args.out, count=args.prompts, timeout=args.timeout))
     except (ProbeFailure, OSError, ValueError) as err:
         print(f"specwatch reference: nothing written: {err}", file=sys.stderr)
         return 1

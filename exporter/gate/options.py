@@ -212,8 +212,8 @@ def exporter_flags_problem(values: Mapping[str, Any], spelling: Spelling) -> str
 
 def check_server(url: str, *, api_key_file: Path | None = None, api_key_env: str | None = None,
                  model: str | None = None) -> ServerConfig:
-    """The server `specwatch check URL` canaries; a ValueError in the project's words when the URL or a key option is
-    wrong."""
+    """The server `specwatch check URL` canaries (or `specwatch reference URL` records); a ValueError in the project's
+    words when the URL or a key option is wrong."""
     from pydantic import ValidationError
 
     from ..problems import problem_lines

@@ -22,11 +22,10 @@ DEFAULT_PROMPTS = 400
 """Prompts recorded by default: at one round a canary_interval, a group asks each about once in seven hours."""
 
 
-async def record(url: str, out: Path, *, count: int = DEFAULT_PROMPTS, model: str | None = None, timeout: float = 60.0,
-                 api_key_env: str | None = None, api_key_file: Path | None = None,
+async def record(server: ServerConfig, out: Path, *, count: int = DEFAULT_PROMPTS, timeout: float = 60.0,
                  connect: Callable[[], Client] = new_client) -> str:
-    """Ask `count` pool prompts (a fresh draw) of the server at `url` and write the reference; what was done, in words."""
-    server = ServerConfig(name="reference", url=url, model=model, api_key_env=api_key_env, api_key_file=api_key_file)
+    """Ask `count` pool prompts (a fresh draw) of `server` and write the reference; what was done, in words."""
+    url, model = server.url, server.model
     key = KeyFiles().key_of(server)
     chosen = random.SystemRandom().sample(range(len(peerprobe.prompts())), min(count, len(peerprobe.prompts())))
     answers: dict[int, Logprobs] = {}

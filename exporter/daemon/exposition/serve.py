@@ -80,7 +80,7 @@ class _GzipPrefix:
     would decompress to.
 
     One member, not two concatenated: many clients (httpx, urllib3) stop reading after the first. The compressor's
-    state after `text` is copied for each scrape, so only the small rest is compressed again.
+    state after the parts is copied for each scrape, so only the small rest is compressed again.
     """
 
     _HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"  # deflate, no name, mtime 0, fastest, unknown OS
