@@ -63,11 +63,18 @@ TARGETS = ("llama-server", "llama-quantize")
 # other tools 77 of them, and the patched rebuild relinked 25 programs where these need 6.
 UNITY_TARGETS = ("llama-common", "mtmd", "server-context", "llama-server-impl")
 """Compiled in batches of 8 files: their files share heavy headers, which a batch parses and instantiates once."""
-# With TARGETS alone and these batched, all of `python -m tests.support.llamabuild` took 637 CPU seconds.
+# With TARGETS alone and these batched, all of `python -m tests.support.llamabuild` took 637 CPU seconds; with
+# LIGHTLY_OPTIMISED as well, 427 (bench/README.md).
 # llama's own model files are batched upstream already; ggml's kernels are left as upstream compiles them.
 # mtmd-helper*.cpp #error when they see mtmd's internal headers, as they would in a batch; json.cpp specialises
 # common_json::get<T>, which fails ("specialization after instantiation") behind a file of its batch that calls it.
 UNITY_SKIPPED = ("common/json.cpp", "tools/mtmd/mtmd-helper.cpp", "tools/mtmd/mtmd-helper-gen.cpp")
+LIGHTLY_OPTIMISED = ("llama", "llama-common", "mtmd", "server-context", "llama-server-impl", "cpp-httplib")
+"""Compiled with -O1 instead of the build type's -O3: the model code around ggml, and the server's and its libraries'
+(JSON, HTTP, arguments), 87% of the compile. ggml's kernels, where a decoding server spends its CPU, keep -O3."""
+# Measured on the 2-core test machine: 634 CPU seconds for the build before, 427 after; a Gemma 3 270M server
+# answering 20 completions of 32 tokens with 3 alternatives took 16.7 and 16.9 CPU-s at -O3, 16.7 and 17.6 at -O1.
+# Without -ffast-math no level reorders floating point, so the numbers the tests read are the same.
 GENERATOR = "Ninja"
 
 # Injected with -DCMAKE_PROJECT_INCLUDE (setup.py passes CMAKE_ARGS to cmake and builds the default target): once the
@@ -91,6 +98,10 @@ function(specwatch_apply)
   set(SPECWATCH_TARGETS {targets})
   specwatch_trim("${{CMAKE_SOURCE_DIR}}")
   set_target_properties({unity} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  # after the build type's flags on the command line, so this -O1 is the one the compiler keeps
+  foreach(target {light})
+    target_compile_options("${{target}}" PRIVATE -O1)
+  endforeach()
   list(TRANSFORM SPECWATCH_ALONE PREPEND "${{CMAKE_SOURCE_DIR}}/")
   set_source_files_properties(${{SPECWATCH_ALONE}} TARGET_DIRECTORY {unity} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 endfunction()
@@ -130,7 +141,8 @@ def _patched_files() -> list[str]:
 def trim_script() -> str:
     """The CMake file that leaves only TARGETS in the default build and batches UNITY_TARGETS."""
     return _TRIM_SCRIPT.format(targets=" ".join(TARGETS), unity=" ".join(UNITY_TARGETS),
-                               alone=" ".join([*UNITY_SKIPPED, *_patched_files()]))
+                               alone=" ".join([*UNITY_SKIPPED, *_patched_files()]),
+                               light=" ".join(LIGHTLY_OPTIMISED))
 
 
 def wheel_key() -> str:
@@ -351,7 +363,7 @@ def _check_runs(binary: pathlib.Path) -> None:
 
 
 def fixed_server_binary(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | None = None) -> pathlib.Path:
-    """The patched llama-server: from the cache at once, else built first (about 6 minutes on 2 idle cores)."""
+    """The patched llama-server: from the cache at once, else built first (about 4 minutes on 2 idle cores)."""
     return cached_binary() or build(log, sdist=sdist, jobs=jobs)
 
 
@@ -377,7 +389,7 @@ def session_binary(config) -> pathlib.Path:
         return found
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (about 6 minutes on 2 idle cores; "
+        _stderr(f"\nbuilding the patched llama-server into {install_dir()} once (about 4 minutes on 2 idle cores; "
                 "python -m tests.support.llamabuild does the same)")
         return build()
 
