@@ -5,7 +5,8 @@ there, points every cache the command fills at empty directories (XDG_CACHE_HOME
 llama.cpp builds, eval tools and Docker images; npm's), and runs the test command of .ci/run one `&&` step at a time,
 with .ci/run's exports, as CI would. apt's packages are the machine's: `apt-get install` of packages already there
 costs nothing, so the apt figure is a lower bound. Prints, for each step, its seconds and the machine's load average
-meanwhile (other work inflates them), and the split of the llama.cpp build from its cache entry.
+meanwhile (other work inflates them) with the share of the CPUs left idle, and the split of the llama.cpp build from its
+cache entry.
 """
 
 from __future__ import annotations
@@ -31,25 +32,40 @@ def _command(ci: str) -> tuple[str, list[str]]:
     return exports, [step.strip() for step in command.split(" && ")]
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """The machine's idle (idle and iowait) and total CPU ticks so far, from /proc/stat's first line."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
 class LoadSampler:
-    """/proc/loadavg's one-minute figure every few seconds, in the background."""
+    """/proc/loadavg's one-minute figure and the machine's CPU ticks every few seconds, in the background."""
 
     def __init__(self, every: float = 5.0) -> None:
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, tuple[int, int]]] = []
         self._every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic(), float(Path("/proc/loadavg").read_text().split()[0])))
+            load = float(Path("/proc/loadavg").read_text().split()[0])
+            self.samples.append((time.monotonic(), load, _cpu_ticks()))
             self._stop.wait(self._every)
 
     def between(self, start: float, end: float) -> str:
         # A step shorter than the sampling interval gets the sample taken last before it ended.
-        before = [load for at, load in self.samples if at <= end]
-        values = [load for at, load in self.samples if start <= at <= end] or before[-1:]
+        before = [load for at, load, _ in self.samples if at <= end]
+        values = [load for at, load, _ in self.samples if start <= at <= end] or before[-1:]
         return f"{sum(values) / len(values):.1f} (max {max(values):.1f})" if values else "-"
+
+    def idle(self, start: float, end: float) -> str:
+        """The share of the CPUs' time left idle between the samples nearest `start` and `end`."""
+        inside = [ticks for at, _, ticks in self.samples if start <= at <= end]
+        if len(inside) < 2:
+            return "-"
+        (idle0, total0), (idle1, total1) = inside[0], inside[-1]
+        return f"{100 * (idle1 - idle0) / max(total1 - total0, 1):.0f}%"
 
     def __enter__(self) -> LoadSampler:
         self._thread.start()
@@ -90,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             code = subprocess.run(["bash", "-c", f"{exports}; {step}"], cwd=clone, env=env, stdout=out,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False).returncode
             ended = time.monotonic()
-            print(f"{ended - begun:8.1f} s  load {load.between(begun, ended):<16} {step[:90]}", flush=True)
+            print(f"{ended - begun:8.1f} s  load {load.between(begun, ended):<16} idle {load.idle(begun, ended):>4}  "
+                  f"{step[:80]}", flush=True)
+            if step.startswith("python -m pytest"):
+                # The tests' last quarter: CPUs left idle there are a tail of files that started late.
+                print(f"          idle in its last quarter: {load.idle(ended - (ended - begun) / 4, ended)}", flush=True)
             if code != 0:
                 print(f"exited {code}: see {log}", flush=True)
                 return 1
