@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import structlog
@@ -90,6 +90,27 @@ def fixed_llama_binary(pytestconfig) -> pathlib.Path:
     return llamabuild.session_binary(pytestconfig)
 
 
+@pytest.fixture(scope="module")
+def recipe_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """What docs/gating.md's recipes gate: a llama-server drafting with draft-simple, and a plain one."""
+    from specwatch.demo.llamaserver import LlamaServer
+    from specwatch.demo.tinymodel import write_cycle_model
+
+    model = write_cycle_model(tmp_path_factory.mktemp("recipes") / "cycle.gguf")
+    with LlamaServer.of_kind("draft", model) as draft, LlamaServer.of_kind("plain", model) as plain:
+        yield {"draft": draft.url, "plain": plain.url}
+
+
+@pytest.fixture(scope="session")
+def installed_specwatch(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, pathlib.Path]:
+    """This checkout installed from its wheel (its code and its pytest11 entry point), and a `specwatch` command for it:
+    once per run, whichever worker asks first (the workers' temporary directories share a parent)."""
+    from tests.support import recipes
+
+    base = tmp_path_factory.getbasetemp()
+    return recipes.shared_specwatch((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared")
+
+
 @pytest.fixture(autouse=True)
 def _a_process_makes_a_test_real(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The quick suite (-m "not real and not slow") starts no process: a test that does is marked `real`."""
@@ -117,11 +138,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return WORKERS_PER_CPU * (os.cpu_count() or 1)
 
 
+LONGEST = ("test_image.py", "test_recipe_promptfoo.py", "test_peers_gemma.py", "test_check.py", "test_recipe_deepeval.py",
+           "test_recipe_inspect_ai.py")
+"""The files that took longest on a fresh machine (bench/README.md), longest first: one each to start every worker."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a slow test first, then files with a real one: the long files start first instead of ending last."""
-    # Each file goes to one worker whole, in this order (--dist loadfile --no-loadscope-reorder).
-    group: dict[pathlib.Path, int] = {}
+    """LONGEST first, then files with a slow test, then files with a real one: the long files start first instead of
+    ending last."""
+    # Each file goes to one worker whole, in this order (--dist loadfile --no-loadscope-reorder); each worker is given
+    # two files at the start, so the first files should be the longest: a long file given second waits behind the
+    # first, and ends the run alone (a cold run's last quarter left a third of the CPUs idle).
+    group: dict[pathlib.Path, tuple[int, int]] = {}
     for item in items:
         rank = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("real") else 2
-        group[item.path] = min(group.get(item.path, 2), rank)
+        first = LONGEST.index(item.path.name) if item.path.name in LONGEST else len(LONGEST)
+        group[item.path] = min(group.get(item.path, (first, 2)), (first, rank))
     items.sort(key=lambda item: group[item.path])

@@ -112,6 +112,35 @@ def specwatch_install(target: Path) -> Path:
     return target
 
 
+def shared_specwatch(run: Path) -> tuple[Path, Path]:
+    """This checkout installed once per test run under `run` (a directory its workers share): the site for PYTHONPATH,
+    and a directory holding a `specwatch` command for it."""
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / "specwatch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        home = _made_once(run / "specwatch", lambda where: specwatch_install(where / "site"))
+    return home / "site", specwatch_command(home / "bin", home / "site").parent
+
+
+def recipe(title: str, language: str) -> list[str]:
+    """The code blocks in `language` of docs/gating.md's recipe `title`, verbatim."""
+    from tests.support import markdown
+
+    return markdown.blocks(markdown.section(markdown.DOCS / "gating.md", title), language)
+
+
+RUN_TIMEOUT = 600
+
+
+def run(command: Sequence[str | Path], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A recipe's command, as its user runs it."""
+    return subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+
+def said(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
 def specwatch_command(bin_dir: Path, site: Path) -> Path:
     """A `specwatch` command in `bin_dir` that runs this checkout's code, for recipes that call it by name."""
     bin_dir.mkdir(parents=True, exist_ok=True)
