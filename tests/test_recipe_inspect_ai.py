@@ -1,10 +1,4 @@
-"""docs/gating.md's "Gate an eval where it runs" recipe for inspect_ai, read from the page and run in real inspect_ai.
-
-It runs against a real llama-server drafting with draft-simple (the recipe must stop the eval before it reaches the
-server) and a plain one (the eval runs and scores what the server answered). The tool comes from its registry, pinned,
-into a cache of its own (tests/support/recipes.py): the first run installs it (minutes), later runs reuse it. Each
-tool has a file of its own, so that their installs run side by side on a fresh machine.
-"""
+"""docs/gating.md's inspect_ai recipe, read from the page and run in real inspect_ai (the rig: tests/support/recipes.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The eval tools the README's recipes run in, installed from their registries into a cache of their own, once."""
+"""The eval tools the README's recipes run in, installed from their registries into a cache of their own, once.
+
+Each recipe runs against a real llama-server drafting with draft-simple (the recipe must stop the eval before it
+reaches the server) and a plain one (the eval runs and scores what the server answered): conftest's recipe_servers.
+Each tool has a test file of its own (tests/test_recipe_*.py), so that their installs run side by side on a fresh
+machine.
+"""
 
 from __future__ import annotations
 
