@@ -39,13 +39,17 @@ def cache() -> Path:
 
 
 @contextlib.contextmanager
-def locked(name: str) -> Iterator[Path]:
-    """The cache entry `name`, held against another test run making or using it at the same time."""
-    home = cache() / name
+def _held(home: Path) -> Iterator[Path]:
+    """`home`, held (through `home`.lock beside it) against another process making or using it at the same time."""
     home.parent.mkdir(parents=True, exist_ok=True)
-    with open(home.parent / f"{name}.lock", "w") as lock:
+    with open(home.parent / f"{home.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield home
+
+
+def locked(name: str) -> contextlib.AbstractContextManager[Path]:
+    """The cache entry `name`, held against another test run making or using it at the same time."""
+    return _held(cache() / name)
 
 
 def _run(command: Sequence[str | Path], what: str, **kw: object) -> None:
@@ -121,11 +125,12 @@ def specwatch_install(target: Path) -> Path:
 def shared_specwatch(run: Path) -> tuple[Path, Path]:
     """This checkout installed once per test run under `run` (a directory its workers share): the site for PYTHONPATH,
     and a directory holding a `specwatch` command for it."""
-    run.mkdir(parents=True, exist_ok=True)
-    with open(run / "specwatch.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        home = _made_once(run / "specwatch", lambda where: specwatch_install(where / "site"))
-    return home / "site", specwatch_command(home / "bin", home / "site").parent
+    def make(where: Path) -> None:
+        specwatch_command(where / "bin", specwatch_install(where / "site"))
+
+    with _held(run / "specwatch") as home:
+        _made_once(home, make)
+    return home / "site", home / "bin"
 
 
 def recipe(title: str, language: str) -> list[str]:
