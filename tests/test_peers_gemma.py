@@ -65,11 +65,10 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
         pool: dict[str, LlamaServer], tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
     lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.items()]
-    # The canary's default timeout (30 s): on two cores shared with the other tests, the busy replica's canary, batched
-    # with three other requests, took over 10 s in CI, and the gate rightly called that replica unchecked.
-    # One peer-probe round a canary_interval: at 10 s the decisions (three answers at least) come within a minute or
-    # two, while the busy replica, which decodes all along, keeps a core busy.
-    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 2s\ncanary_interval: 10s\n"
+    # One peer-probe round a canary_interval, and the canary's timeout is capped by it: on two cores shared with the
+    # other tests, the busy replica's canary, batched with three other requests, took over 10 s in CI (at a 10 s
+    # interval), and the gate rightly called that replica unchecked. At 20 s it has twice that.
+    config.write_text("servers:\n" + "\n".join(lines) + "\npoll_interval: 2s\ncanary_interval: 20s\n"
                       "canary_endpoints: [completion]\n", encoding="utf-8")
     with busy(pool["busy"].url) as answered, ExporterProcess("--config", str(config)) as exporter:
         exporter.wait_started()
