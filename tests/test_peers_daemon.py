@@ -178,6 +178,28 @@ async def test_a_member_that_stops_answering_becomes_unknown_and_the_rest_go_on(
     assert _document(watcher, clock)["c"]["agreement"] is True  # answering again, agreeing again
 
 
+async def test_a_member_whose_polls_fail_keeps_its_standing_and_evidence_until_it_has_missed_its_rounds(
+        watcher_of: Build, clock: FakeClock) -> None:
+    fakes = _pool(token_probability=0.5)
+    watcher = watcher_of(fakes)
+    await _rounds(watcher, clock, times=8)
+    decided = _document(watcher, clock)["c"]
+    assert (decided["agreement"], decided["evidence"]) == (False, 1.0)
+    fakes["c"].api_key = "another"  # every request refused: a poll fails, as a busy server's times out
+    await _rounds(watcher, clock)
+    assert watcher.fleet.get("c").poll_success is False
+    assert (_document(watcher, clock)["c"]["agreement"], _document(watcher, clock)["c"]["evidence"]) == (False, 1.0)
+    assert value(_text(watcher), "specwatch_peer_agreement", server="c", peer_group="tiny") == 0
+    fakes["c"].api_key = None
+    await _rounds(watcher, clock)
+    assert (_document(watcher, clock)["c"]["agreement"], _document(watcher, clock)["c"]["evidence"]) == (False, 1.0)
+    fakes["c"].api_key = "another"
+    await _rounds(watcher, clock, times=MISSED + 1)
+    assert _document(watcher, clock)["c"] is None  # silent for longer than a member may be: no standing at all
+    assert value(_text(watcher), "specwatch_peer_agreement", server="c", peer_group="tiny") is None
+    assert (_document(watcher, clock)["a"]["agreement"], _document(watcher, clock)["b"]["agreement"]) == (True, True)
+
+
 async def test_a_difference_below_the_margin_agrees(watcher_of: Build, clock: FakeClock) -> None:
     watcher = watcher_of(_pool(token_probability=0.699))  # 0.0014 a token: no eval's number moves
     await _rounds(watcher, clock, times=4)

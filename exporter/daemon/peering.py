@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from ..core.evidence import MISSED
 from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Reference, Standing, asked, member_name
 from ..core.state import Fleet, ModelState
 from ..probe.llama import Props
@@ -192,12 +193,18 @@ class PeerBoard:
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
         before: dict[Member, Standing | None] = {}
+        kept: dict[Member, Standing | None] = {}
         for member in members:
             server = self._fleet.get(member[0])
             model = server.models.get(member[1]) if server is not None else None
             peer = model.peer if model is not None else None
             if model is None or peer is None:
                 before[member] = model.peers if model is not None else None
+                if (server is not None and model is not None and model.peers is not None and model.peers.group == group
+                        and self._unreachable(server.poll_success, server.last_poll_success_timestamp)):
+                    # A poll that failed (a busy server's timeout) says nothing of its answers: its standing and its
+                    # evidence hold until it has missed the rounds a silent member may, as MISSED says of the probe.
+                    kept[member] = model.peers
                 continue
             name = member_name(*member)
             peers[name], names[name], before[member] = peer, member, model.peers
@@ -210,7 +217,7 @@ class PeerBoard:
         self._reshaped.discard(group)
         judgement = test.judge(peers)
         # A group of one compares nothing: it has no standing, as an opted-out server has none.
-        standings: dict[Member, Standing | None] = {m: None for m in members}
+        standings: dict[Member, Standing | None] = {m: kept.get(m) for m in members}
         if len(peers) >= 2:
             agreement, split = judgement.agreement, judgement.split  # once: each reads every member
             standings.update({names[n]: Standing(group, c, agreement, split)
@@ -218,6 +225,10 @@ class PeerBoard:
         for member, standing in standings.items():
             _log_change(member, before.get(member), standing)
         self._fleet.record_peers(standings)
+
+    def _unreachable(self, polled: bool | None, last_success: float | None) -> bool:
+        """Whether a server's polls fail, and for less than the MISSED rounds after which a silent member is unknown."""
+        return polled is False and last_success is not None and self._clock() - last_success < MISSED * self.interval
 
 
 @dataclass(frozen=True, eq=False)
