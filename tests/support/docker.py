@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import markdown
+from tests.support.filelock import held
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specwatch-tests" / "docker"
 """The daemon started here keeps its images (the base above all) under this directory from one run to the next."""
@@ -87,25 +87,6 @@ class Docker:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, timeout: float) -> Iterator[None]:
-    """Another run of the image tests waits here while this one uses the daemon it started."""
-    with path.open("w") as lock:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"another test run held {path} for {timeout:g}s") from None
-                time.sleep(1)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def daemon(startup_timeout: float = 90) -> Iterator[Docker]:
     """The running Docker daemon if there is one; else a dockerd of our own (data under CACHE), stopped at the end."""
     missing = _missing_tools()
@@ -116,7 +97,7 @@ def daemon(startup_timeout: float = 90) -> Iterator[Docker]:
         return
     run = CACHE / "run"
     run.mkdir(parents=True, exist_ok=True)
-    with _locked(CACHE / "daemon.lock", timeout=900):
+    with held(CACHE / "daemon.lock", timeout=900):  # another run of the image tests waits while this one uses it
         docker = Docker(f"unix://{run / 'docker.sock'}")
         process = None
         if not docker.answers():  # else one a crashed run left behind: use it, leave it

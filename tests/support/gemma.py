@@ -4,14 +4,13 @@ differ: another quantization, the same file with its weights changed a little, a
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from tests.support import llamabuild
+from tests.support.filelock import held
 
 NAME = "gemma-3-270m-q4_k_m.gguf"
 ALIAS = "gemma"
@@ -26,20 +25,12 @@ def model() -> Path:
 
     target = llamabuild.cache_root() / "models" / NAME
     marker = target.with_suffix(f".{EXPECTED_SHA256[:12]}.ok")
-    with _locked(target.with_suffix(".lock")):
+    with held(target.with_suffix(".lock")):
         if not marker.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             assemble(target, overwrite=True)
             marker.write_text(EXPECTED_SHA256)
     return target
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def changed_weights(source: Path, directory: Path, eps: float, seed: int = SEED) -> Path:
@@ -163,7 +154,7 @@ def changed(kind: str, eps: float, seed: int, source: Path | None = None) -> Pat
     directory = llamabuild.cache_root() / "models" / "changed" / f"{source.stem}-{kind}-eps{eps:g}-s{seed}"
     target = directory / source.name
     marker = directory / "ok"
-    with _locked(directory.with_suffix(".lock")):
+    with held(directory.with_suffix(".lock")):
         if not marker.is_file():
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
@@ -179,7 +170,7 @@ def q4_0() -> Path:
     """Gemma requantized to Q4_0 (another ftype and size), made once and kept in the cache."""
     source = model()
     target = source.with_name(source.name.replace("q4_k_m", "q4_0"))
-    with _locked(target.with_suffix(".lock")):
+    with held(target.with_suffix(".lock")):
         if not target.is_file():
             requantized(source, target.with_suffix(".partial"))
             target.with_suffix(".partial").rename(target)

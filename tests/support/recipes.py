@@ -9,7 +9,6 @@ machine.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from tests.support.filelock import held
 from tests.support.llamabuild import cache_root
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -41,9 +41,7 @@ def cache() -> Path:
 @contextlib.contextmanager
 def _held(home: Path) -> Iterator[Path]:
     """`home`, held (through `home`.lock beside it) against another process making or using it at the same time."""
-    home.parent.mkdir(parents=True, exist_ok=True)
-    with open(home.parent / f"{home.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with held(home.parent / f"{home.name}.lock"):
         yield home
 
 
