@@ -8,13 +8,15 @@ Every answer goes through specwatch's own test (core.peers.Comparing), one pool 
   in one group of a size, each answer counted once), asked the prompts in the recording's order. Reported per size:
   member-hours watched (one round a canary_interval, 60 s by default), false decisions seen, and from them, by the rule
   of three where none was seen, the 95% bounds: on the average run length to a false decision in member-hours, on the
-  chance of one in a process's first 10 rounds, and on false tickets per group per month with the shipped alert
-  (SpecwatchPeerDisagreement pages on a decision that holds 10 minutes; a decision holds 12 rounds at least, so every
-  false decision is counted a ticket).
+  chance of one in a process's first 10 rounds, and on false tickets per group per month. A ticket is what the shipped
+  SpecwatchReplicasDisagree would open, its windows read from alerts/specwatch.rules.yml: a member differs while it was
+  decided within min_over_time's range, and the group's ticket fires once some member has differed for its `for:`
+  (--for counts at other durations too). The same figures from the members' scores resampled (10,000 rounds of 512
+  streams, rounds and members taken as independent) give the rates no recording is long enough to see.
 - Power: each changed member (a weight change of a kind, size and seed; a requantization; synthetic acceptance) in a
   group with healthy members of the recording (for 4: the two busy four-slot ones and a plain one), asked its prompts in
-  order: the answers until it is reported, as a median and range over seeds per kind and size, and the share reported
-  within 10.
+  order: the answers until it is reported, as a median and range over seeds per kind and size, the share reported
+  within 10, and the answers until its ticket fires.
 
 A member's own noise (what copies asked at once part by, under its load) is not in the recording: a four-slot member is
 given the running mean of how far its two takes of a prompt parted (minutes apart: an upper bound of its batching
@@ -27,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,9 @@ from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.readers import Token
 
 SIZES = (2, 4, 16)
+RULES = Path(__file__).resolve().parents[1] / "alerts" / "specwatch.rules.yml"
+TICKET = "SpecwatchReplicasDisagree"
+"""The alert a member's decision opens, one ticket per group: its windows are read from the shipped rules."""
 INTERVAL = 60.0
 """The default canary_interval: one peer-probe round a member per interval."""
 HOURS_PER_MONTH = 730.0
@@ -95,9 +102,11 @@ def processes(headers: dict[str, Any], answers: dict[str, dict[tuple[int, int], 
 
 
 def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None,
-        scores: dict[str, list[float]] | None = None) -> tuple[list[int], int | None]:
+        scores: dict[str, list[float]] | None = None,
+        states: dict[str, list[bool]] | None = None) -> tuple[list[int], int | None]:
     """The rounds at which any member's decision began (a false one in a healthy group), and the round `watched` was
-    first decided at (None if never); each member's score of each round it was scored on goes into `scores`."""
+    first decided at (None if never); each member's score of each round it was scored on goes into `scores`, and
+    whether it stood decided after each round into `states`."""
     test: Comparing[str] = Comparing()
     decided: dict[str, bool] = {}
     starts: list[int] = []
@@ -117,7 +126,50 @@ def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None 
                 if name == watched and first is None:
                     first = at + 1
             decided[name] = now
+        if states is not None:
+            for member in members:
+                states.setdefault(member.name, []).append(decided.get(member.name, False))
     return starts, first
+
+
+@dataclass(frozen=True)
+class Alert:
+    """The shipped ticket's windows, in rounds: a member counts as differing while it was decided in the last `window`
+    rounds (min_over_time), and the group's ticket fires once that has held `hold` rounds in a row (for:)."""
+
+    window: int
+    hold: int
+    text: str
+
+    @classmethod
+    def shipped(cls, hold: float | None = None) -> Alert:
+        """SpecwatchReplicasDisagree as alerts/specwatch.rules.yml ships it (or with another `for:`, in seconds)."""
+        import yaml
+
+        from specwatch.durations import format_duration, parse_duration
+
+        groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+        rule = next(r for g in groups for r in g["rules"] if r.get("alert") == TICKET)
+        window = re.search(r"min_over_time\(specwatch_peer_agreement\[(\w+)\]\)", rule["expr"])
+        if window is None:
+            raise ValueError(f"{TICKET} in {RULES} no longer reads min_over_time(specwatch_peer_agreement[...])")
+        seconds = parse_duration(window.group(1))
+        held = parse_duration(rule["for"]) if hold is None else hold
+        return cls(math.ceil(seconds / INTERVAL), math.ceil(held / INTERVAL),
+                   f"min_over_time [{format_duration(seconds)}], for: {format_duration(held)}")
+
+    def tickets(self, states: Sequence[Sequence[bool]]) -> list[int]:
+        """The rounds at which one group's ticket fires, from each member's decided state after each round."""
+        rounds = max((len(s) for s in states), default=0)
+        last = -math.inf
+        run_length, fired = 0, []
+        for t in range(rounds):
+            if any(t < len(s) and s[t] for s in states):
+                last = t
+            run_length = run_length + 1 if t - last < self.window else 0
+            if run_length == self.hold:
+                fired.append(t)
+        return fired
 
 
 def _bound(events: int, exposure: float) -> float:
@@ -126,12 +178,14 @@ def _bound(events: int, exposure: float) -> float:
     return upper / exposure
 
 
-def resampled(scores: dict[str, list[float]], *, streams: int = 500, rounds: int = 10_000, boots: int = 20,
-              seed: int = 1) -> tuple[int, int, float]:
-    """The test run on resampled null scores: (decisions, member-rounds) with the scores as measured, and the largest
-    decision rate over `boots` bootstrap draws of each member's scores (the data's uncertainty, roughly its 95th
-    percentile). Each stream keeps to one member's own scores, drawn with replacement: a member whose deployment sits
-    apart (another build, a q8_0 cache) stays apart, but rounds are taken as independent."""
+def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int, *, streams: int = 512,
+              rounds: int = 10_000, boots: int = 20, seed: int = 1) -> tuple[int, int, list[int], list[float]]:
+    """The test run on resampled null scores: (decisions, member-rounds, tickets per alert) with the scores as
+    measured, and the largest ticket rate per group-round of each alert over `boots` bootstrap draws of each member's
+    scores (the data's uncertainty, roughly its 95th percentile). Each stream keeps to one member's own scores, drawn
+    with replacement: a member whose deployment sits apart (another build, a q8_0 cache) stays apart, but rounds are
+    taken as independent, and so are the members of a group (in a pair the two scores move together, so a pair's
+    tickets are counted high). Streams are dealt into groups of `size`, each ticket counted once per group."""
     import numpy as np
 
     from specwatch.core.evidence import ALLOWANCE, CAP, GROSS, GROSS_ROUNDS, GROSS_WINDOW, THRESHOLD
@@ -139,7 +193,9 @@ def resampled(scores: dict[str, list[float]], *, streams: int = 500, rounds: int
     rng = np.random.default_rng(seed)
     own = [np.asarray(v, dtype=float) for v in scores.values() if v]
 
-    def decisions(samples: list[np.ndarray]) -> int:
+    groups = streams // size
+
+    def decisions(samples: list[np.ndarray]) -> tuple[int, list[int]]:
         member = rng.integers(len(samples), size=streams)
         lengths = np.array([len(samples[m]) for m in member])
         pool = np.zeros((streams, int(lengths.max())))
@@ -148,6 +204,9 @@ def resampled(scores: dict[str, list[float]], *, streams: int = 500, rounds: int
         total = np.zeros(streams)
         gross = np.zeros((streams, GROSS_WINDOW), dtype=bool)
         decided = np.zeros(streams, dtype=bool)
+        last = np.full(streams, -10**9)
+        run_length = np.zeros((len(alerts), groups), dtype=int)
+        fired = [0] * len(alerts)
         found = 0
         for t in range(rounds):
             score = pool[np.arange(streams), rng.integers(lengths)]
@@ -157,30 +216,47 @@ def resampled(scores: dict[str, list[float]], *, streams: int = 500, rounds: int
             now = total >= THRESHOLD
             found += int(np.sum(now & ~decided))
             decided = now | (decided & (total > 0.0))
-        return found
+            last[decided] = t
+            for a, alert in enumerate(alerts):
+                differing = (t - last[:groups * size] < alert.window).reshape(groups, size).any(axis=1)
+                run_length[a] = np.where(differing, run_length[a] + 1, 0)
+                fired[a] += int(np.sum(run_length[a] == alert.hold))
+        return found, fired
 
-    seen = decisions(own)
-    worst = max(decisions([rng.choice(s, size=len(s)) for s in own]) for _ in range(boots))
-    return seen, streams * rounds, worst / (streams * rounds)
+    seen, tickets = decisions(own)
+    worst = [0] * len(alerts)
+    for _ in range(boots):
+        _, drawn = decisions([rng.choice(s, size=len(s)) for s in own])
+        worst = [max(w, d) for w, d in zip(worst, drawn, strict=True)]
+    return seen, streams * rounds, tickets, [w / (groups * rounds) for w in worst]
 
 
-def null_rates(null: list[Process], prompts: Sequence[int]) -> list[str]:
+def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert]) -> list[str]:
+    """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size."""
+    from specwatch.core.evidence import ALLOWANCE
+
     lines = ["| group size | groups (disjoint) | member-hours watched | false decisions | average run length to a false "
-             "decision, member-hours | P(false decision in a process's first 10 rounds) | false tickets per group per "
-             "month | resampled: member-hours, decisions, average run length (bootstrap bound) | resampled: tickets "
-             "per group per month (bound) | scores over the allowance, largest |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "decision, member-hours | P(false decision in a process's first 10 rounds) | resampled: member-hours, "
+             "decisions, average run length | scores over the allowance, largest |",
+             "|---|---|---|---|---|---|---|---|"]
+    ticket_lines = ["| group size | alert | tickets seen (group-hours) | false tickets per group per month (95% bound) "
+                    "| resampled: tickets, false tickets per group per month (bootstrap bound) |",
+                    "|---|---|---|---|---|"]
     for size in SIZES:
         groups = [null[i:i + size] for i in range(0, len(null) - size + 1, size)]
         if not groups:
-            lines.append(f"| {size} | too few processes ({len(null)}) | | | | | | | | |")
+            lines.append(f"| {size} | too few processes ({len(null)}) | | | | | | |")
             continue
         events, early = 0, 0
         scores: dict[str, list[float]] = {}
+        seen_tickets = [0] * len(alerts)
         for members in groups:
-            starts, _ = run(members, prompts, scores=scores)
+            states: dict[str, list[bool]] = {}
+            starts, _ = run(members, prompts, scores=scores, states=states)
             events += len(starts)
             early += sum(1 for s in starts if s < FIRST)
+            for a, alert in enumerate(alerts):
+                seen_tickets[a] += len(alert.tickets(list(states.values())))
         rounds = len(prompts)
         member_hours = len(groups) * size * rounds * INTERVAL / 3600
         group_hours = len(groups) * rounds * INTERVAL / 3600
@@ -189,52 +265,65 @@ def null_rates(null: list[Process], prompts: Sequence[int]) -> list[str]:
         if events:
             arl += f" (bound > {1 / _bound(events, member_hours):.1f})"
         p_first = f"{early / processes_started:.3f} (bound {min(1.0, _bound(early, processes_started)):.3f})"
-        tickets = events / group_hours * HOURS_PER_MONTH
-        from specwatch.core.evidence import ALLOWANCE
-
         every = [x for v in scores.values() for x in v]
         over = f"{sum(1 for x in every if x > ALLOWANCE) / len(every):.1%} of {len(every)}, {max(every):.2f}"
-        found, member_rounds, worst = resampled(scores)
+        found, member_rounds, tickets, worst = resampled(scores, alerts, size)
         sim_hours = member_rounds * INTERVAL / 3600
+        sim_group_hours = sim_hours / size
         rate = (found or 3.0) / sim_hours  # none seen: the rule of three
-        bound_rate = max(worst * 3600 / INTERVAL, _bound(found, sim_hours))
-        said = "none" if not found else str(found)
         sim_arl = f"{'> ' if not found else ''}{1 / rate:,.0f}"
         lines.append(f"| {size} | {len(groups)} | {member_hours:.1f} | {events} | {arl} | {p_first} | "
-                     f"{tickets:.2f} (bound {_bound(events, group_hours) * HOURS_PER_MONTH:.1f}) | "
-                     f"{sim_hours:,.0f}, {said}, {sim_arl} (> {1 / bound_rate:,.0f}) | "
-                     f"{size * (found / sim_hours) * HOURS_PER_MONTH:.4f} (bound {size * bound_rate * HOURS_PER_MONTH:.4f}) "
-                     f"| {over} |")
-    return lines
+                     f"{sim_hours:,.0f}, {found}, {sim_arl} | {over} |")
+        for a, alert in enumerate(alerts):
+            per_month = seen_tickets[a] / group_hours * HOURS_PER_MONTH
+            bound = _bound(seen_tickets[a], group_hours) * HOURS_PER_MONTH
+            sim = tickets[a] / sim_group_hours * HOURS_PER_MONTH
+            sim_bound = max(worst[a] * 3600 / INTERVAL, _bound(tickets[a], sim_group_hours)) * HOURS_PER_MONTH
+            ticket_lines.append(f"| {size} | {alert.text} | {seen_tickets[a]} ({group_hours:.1f}) | {per_month:.2f} "
+                                f"({bound:.1f}) | {tickets[a]}, {sim:.3f} ({sim_bound:.3f}) |")
+    return [*lines, "", "Tickets the alert would have opened on them (one per group, however many members differ):", "",
+            *ticket_lines]
 
 
-def power(changed: list[Process], null: list[Process], prompts: Sequence[int]) -> list[str]:
+def _spread(found: list[int | None]) -> str:
+    seen = sorted(f for f in found if f is not None)
+    missed = len(found) - len(seen)
+    if not seen:
+        return "never"
+    return f"median {statistics.median(seen + [math.inf] * missed):g}, range {seen[0]}-{'never' if missed else seen[-1]}"
+
+
+def power(changed: list[Process], null: list[Process], prompts: Sequence[int], alert: Alert) -> list[str]:
     by_name = {p.name.split("#")[0]: p for p in null if p.name.endswith("#0")}
     pools = {2: ["b11434-np1"], 4: ["b11434-np4-busy-a", "b11434-np4-busy-b", "b11434-np1"],
              16: sorted(by_name)[:15]}
-    lines = ["| change | group of 2 | group of 4 (two busy -np 4) | group of 16 | within 10 answers (of 4) |",
-             "|---|---|---|---|---|"]
+    lines = ["| change | group of 2 | group of 4 (two busy -np 4) | group of 16 | within 10 answers (of 4) | group of "
+             "4: answers until its ticket |", "|---|---|---|---|---|---|"]
     kinds: dict[str, list[Process]] = {}
     for member in changed:
         base = member.name.split("#")[0]
         kind = base.rsplit("-s", 1)[0] if "-eps" in base else base
         kinds.setdefault(kind, []).append(member)
     for kind, members in sorted(kinds.items()):
-        cells, within = [], ""
+        cells, within, ticketed = [], "", "-"
         for size, names in pools.items():
             healthy = [by_name[n] for n in names if n in by_name]
             if len(healthy) < size - 1:
                 cells.append("-")
                 continue
-            found = [run([*healthy, m], [p for p in prompts if p in m.answers], watched=m.name)[1] for m in members]
-            seen = sorted(f for f in found if f is not None)
-            missed = len(found) - len(seen)
-            text = "never" if not seen else (f"median {statistics.median(seen + [math.inf] * missed):g}, "
-                                             f"range {seen[0]}-{'never' if missed else seen[-1]}")
-            cells.append(f"{text} ({len(found)} seeds)")
+            found: list[int | None] = []
+            tickets: list[int | None] = []
+            for m in members:
+                states: dict[str, list[bool]] = {}
+                found.append(run([*healthy, m], [p for p in prompts if p in m.answers], watched=m.name,
+                                 states=states)[1])
+                fired = alert.tickets([states.get(m.name, [])])
+                tickets.append(fired[0] + 1 if fired else None)
+            cells.append(f"{_spread(found)} ({len(found)} seeds)")
             if size == 4:
                 within = f"{sum(1 for f in found if f is not None and f <= 10)}/{len(found)}"
-        lines.append(f"| {kind} | " + " | ".join(cells) + f" | {within} |")
+                ticketed = _spread(tickets)
+        lines.append(f"| {kind} | " + " | ".join(cells) + f" | {within} | {ticketed} |")
     return lines
 
 
@@ -242,7 +331,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peer_power", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recording", type=Path, required=True, help="a recording of bench.peer_record (gzip JSONL)")
+    parser.add_argument("--for", dest="holds", default="",
+                        help=f"other `for:` durations of {TICKET} to count tickets at besides the shipped one, "
+                             "comma-separated (20m,30m)")
     args = parser.parse_args(argv)
+    from specwatch.durations import parse_duration
+
+    try:
+        alerts = [Alert.shipped(), *(Alert.shipped(parse_duration(h)) for h in args.holds.split(",") if h.strip())]
+    except (OSError, ValueError, KeyError, StopIteration) as err:
+        parser.error(f"cannot read {TICKET}'s windows: {err}")
     try:
         run_line, headers, answers = read(args.recording)
     except (OSError, EOFError, ValueError, KeyError) as err:
@@ -255,10 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
           f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}")
     print("\nFalse decisions of healthy groups (each answer counted once):\n")
-    print("\n".join(null_rates(null, order)))
+    print("\n".join(null_rates(null, order, alerts)))
     if changed:
-        print("\nAnswers until a changed member is reported (its answers, in order):\n")
-        print("\n".join(power(changed, null, sorted({p for m in changed for p in m.answers}))))
+        print("\nAnswers until a changed member is reported (its answers, in order), and until its ticket fires "
+              f"({alerts[0].text}):\n")
+        print("\n".join(power(changed, null, sorted({p for m in changed for p in m.answers}), alerts[0])))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,29 @@ def test_the_profile_split_names_the_http_client_and_our_modules(tmp_path: Path)
     rows = {line.rsplit(maxsplit=2)[0]: tuple(line.rsplit(maxsplit=2)[1:]) for line in done.stdout.splitlines()[1:]}
     assert rows == {"aiohttp": ("42.9", "42.9"), "specwatch.daemon.exposition": ("28.6", "28.6"),
                     "aiohappyeyeballs": ("14.3", "28.6"), "other libraries": ("14.3", "14.3")}, done.stdout
+
+
+@pytest.mark.real
+def test_the_peer_power_bench_counts_a_ticket_as_the_shipped_alert_would_fire() -> None:
+    script = """
+import json
+from bench.peer_power import Alert
+shipped = Alert.shipped()
+alert = Alert(window=5, hold=10, text="")
+runs = {
+    "one round decided": [[False, True] + [False] * 30],
+    "six rounds decided": [[False] * 2 + [True] * 6 + [False] * 30],
+    "two stretches": [[True] * 6 + [False] * 20 + [True] * 6 + [False] * 20],
+    "two members, one gap bridged": [[True] * 4 + [False] * 30, [False] * 6 + [True] * 2 + [False] * 30],
+}
+print(json.dumps({"shipped": [shipped.window, shipped.hold, shipped.text],
+                  **{name: alert.tickets(states) for name, states in runs.items()}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    # The rules ship min_over_time over 5m and for: 10m: at one round a minute, 5 and 10 rounds.
+    assert found.pop("shipped") == [5, 10, "min_over_time [5m], for: 10m"]
+    # A member differs while it was decided in the last 5 rounds; the ticket fires once that held 10 rounds in a row.
+    assert found == {"one round decided": [], "six rounds decided": [11], "two stretches": [9, 35],
+                     "two members, one gap bridged": [9]}
