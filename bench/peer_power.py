@@ -11,8 +11,9 @@ Every answer goes through specwatch's own test (core.peers.Comparing), one pool 
   chance of one in a process's first 10 rounds, and on false tickets per group per month. A ticket is what the shipped
   SpecwatchReplicasDisagree would open, its windows read from alerts/specwatch.rules.yml: a member differs while it was
   decided within min_over_time's range, and the group's ticket fires once some member has differed for its `for:`
-  (--for counts at other durations too). The same figures from the members' scores resampled (10,000 rounds of 512
-  streams, rounds and members taken as independent) give the rates no recording is long enough to see.
+  (--for counts at other durations too). The same figures from the members' scores resampled (512 streams, 10,000
+  rounds unless --rounds says, rounds and members taken as independent) give the rates no recording is long enough
+  to see.
 - Power: each changed member (a weight change of a kind, size and seed; a requantization; synthetic acceptance) in a
   group with healthy members of the recording (for 4: the two busy four-slot ones and a plain one), asked its prompts in
   order: the answers until it is reported, as a median and range over seeds per kind and size, the share reported
@@ -231,7 +232,8 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
     return seen, streams * rounds, tickets, [w / (groups * rounds) for w in worst]
 
 
-def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert]) -> list[str]:
+def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert],
+               resampled_rounds: int = 10_000) -> list[str]:
     """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size."""
     from specwatch.core.evidence import ALLOWANCE
 
@@ -267,7 +269,7 @@ def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Ale
         p_first = f"{early / processes_started:.3f} (bound {min(1.0, _bound(early, processes_started)):.3f})"
         every = [x for v in scores.values() for x in v]
         over = f"{sum(1 for x in every if x > ALLOWANCE) / len(every):.1%} of {len(every)}, {max(every):.2f}"
-        found, member_rounds, tickets, worst = resampled(scores, alerts, size)
+        found, member_rounds, tickets, worst = resampled(scores, alerts, size, rounds=resampled_rounds)
         sim_hours = member_rounds * INTERVAL / 3600
         sim_group_hours = sim_hours / size
         rate = (found or 3.0) / sim_hours  # none seen: the rule of three
@@ -334,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--for", dest="holds", default="",
                         help=f"other `for:` durations of {TICKET} to count tickets at besides the shipped one, "
                              "comma-separated (20m,30m)")
+    parser.add_argument("--rounds", type=int, default=10_000,
+                        help="rounds of the resampled null (default 10,000): the rule of three bounds a rate seen "
+                             "nowhere at 3 per the exposure, so a group of 16's bound of 0.1 tickets a month asks "
+                             "for about 41,000")
     args = parser.parse_args(argv)
     from specwatch.durations import parse_duration
 
@@ -353,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
           f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}")
     print("\nFalse decisions of healthy groups (each answer counted once):\n")
-    print("\n".join(null_rates(null, order, alerts)))
+    print("\n".join(null_rates(null, order, alerts, args.rounds)))
     if changed:
         print("\nAnswers until a changed member is reported (its answers, in order), and until its ticket fires "
               f"({alerts[0].text}):\n")
