@@ -59,8 +59,9 @@ def answer(values: tuple[float | None, ...] = VALUES, texts: tuple[str, ...] = T
     return logprobs_of(tokens)
 
 
-OFF = answer((-0.1, -0.9, -1.0, -1.1))
-"""0.525 nats a value from answer(): 17.5 times the margin."""
+OFF = answer((-0.1, -1.4, -1.5, -1.6))
+OFF_BY = 0.9
+"""OFF is 0.9 nats a value from answer(): over GROSS times the floor, so three rounds decide."""
 
 
 def group(*answers: Logprobs, noise: float | None = None, fingerprints: tuple[Fingerprint, ...] = (),
@@ -198,7 +199,7 @@ def test_one_replica_off_the_majority_differs_and_the_others_agree() -> None:
     assert (members["r1"].agreement, members["r1"].kind, members["r1"].held_against) == (False, ANSWERS, ("r0", "r2"))
     assert members["r0"].agreement is True and members["r2"].agreement is True
     assert (judgement.agreement, judgement.split) == (False, False)
-    assert members["r1"].detail.startswith(f"round 2: 0.525 nats from its group, {0.525 / FLOOR:.1f} times")
+    assert members["r1"].detail.startswith(f"round 2: {OFF_BY:.3f} nats from its group, {OFF_BY / FLOOR:.1f} times")
     assert decided(group(answer(), OFF, answer(), rounds=2)).members["r1"].agreement is True  # two never decide
 
 
@@ -208,15 +209,15 @@ def test_a_member_is_scored_against_its_group_not_against_its_own_noise() -> Non
     peers["r1"] = Peer(Q4KM, peers["r1"].answers, 10.0)
     scored = score_round({k: p.answers[0] for k, p in peers.items()}, {k: p.noise for k, p in peers.items()}, seed=0)
     assert scored["r1"].noise == pytest.approx(NOISY * FLOOR) and scored["r1"].noisy
-    assert scored["r1"].score == pytest.approx(0.525 / (NOISY * FLOOR))
+    assert scored["r1"].score == pytest.approx(OFF_BY / (NOISY * FLOOR))
     assert not scored["r0"].noisy and scored["r0"].noise == pytest.approx(FLOOR)
 
 
 def test_a_busy_member_is_held_to_its_own_noise_within_bounds() -> None:
-    busy = answer((-0.1, -0.35, -0.45, -0.55))  # 0.1125 a value off, as a busy member's batching moves it
+    busy = answer((-0.1, -0.55, -0.65, -0.75))  # 0.2625 a value off, as a busy member's batching moves it
     peers = group(answer(), busy, answer(), answer(), noise=0.01, rounds=60)
-    assert decided(peers).members["r1"].agreement is False  # 1.9 times the floor, answer after answer: it decides
-    peers["r1"] = Peer(Q4KM, peers["r1"].answers, 0.1)  # its copies part by 0.1: that is its load, not its weights
+    assert decided(peers).members["r1"].agreement is False  # 2.4 times the floor, answer after answer: it decides
+    peers["r1"] = Peer(Q4KM, peers["r1"].answers, 0.2)  # its copies part by 0.2: that is its load, not its weights
     judged = decided(peers).members["r1"]
     assert judged.agreement is True and not judged.noisy
 
@@ -231,7 +232,7 @@ def test_a_pair_that_differs_splits_and_a_reference_names_the_odd_one() -> None:
     reference = Reference({prompt(q, salt=0): answer() for q in range(3)})
     held = decided(group(answer(), OFF, rounds=3), reference)
     assert {k: c.agreement for k, c in held.members.items()} == {"r0": True, "r1": False}
-    assert not held.split and held.members["r1"].detail.startswith("round 2: 0.525 nats from the reference")
+    assert not held.split and held.members["r1"].detail.startswith(f"round 2: {OFF_BY:.3f} nats from the reference")
 
 
 def test_a_group_all_wrong_alike_is_caught_by_its_reference_alone() -> None:
@@ -246,7 +247,7 @@ def test_a_group_all_wrong_alike_is_caught_by_its_reference_alone() -> None:
 def test_a_two_two_split_leaves_no_majority() -> None:
     # Half the group off lifts what its members typically stand apart, but only to NOISY times the floor: it decides.
     assert decided(group(answer(), answer(), OFF, OFF, rounds=3)).agreement is True
-    judgement = decided(group(answer(), answer(), OFF, OFF, rounds=30))
+    judgement = decided(group(answer(), answer(), OFF, OFF, rounds=40))
     assert judgement.split and all(c.agreement is False for c in judgement.members.values())
 
 
@@ -349,7 +350,7 @@ def test_many_alike_replicas_cost_their_distinct_answers(monkeypatch: pytest.Mon
     peers["odd"] = Peer(Q4KM, {0: OFF})
     judgement = decided(peers)
     assert calls == 1  # the two distinct answers, once
-    assert judgement.members["odd"].evidence.last == pytest.approx(0.525 / FLOOR)
+    assert judgement.members["odd"].evidence.last == pytest.approx(OFF_BY / FLOOR)
     assert judgement.members["r0"].evidence.last == 0.0
 
 
@@ -370,7 +371,7 @@ def test_the_verdicts_document_shows_a_standing() -> None:
     shown = peers_entry(Standing("gemma", members["r1"], False, True))
     assert (shown.agreement, shown.kind, shown.held_against, shown.evidence, shown.split) == (
         False, ANSWERS, ["r0"], 1.0, True)
-    off = answer((-0.1, -0.3, -0.4, -0.5))  # 0.075 a value: 1.25 times the floor, wearing nothing down
+    off = answer((-0.1, -0.4, -0.5, -0.6))  # 0.15 a value: 1.4 times the floor, wearing nothing down
     pending = peers_entry(Standing("gemma", decided(group(answer(), off, answer(), answer())).members["r1"], True, False))
     assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.0)
 

@@ -143,13 +143,13 @@ async def test_the_prompts_are_this_process_own_draw_from_the_pool(watcher_of: B
 
 
 async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of: Build, clock: FakeClock) -> None:
-    watcher = watcher_of(_pool(token_probability=0.5))  # log 0.7 - log 0.5 = 0.336 a token, 5.6 times the floor
+    watcher = watcher_of(_pool(token_probability=0.3))  # log 0.7 - log 0.3 = 0.847 a token, 7.7 times the floor
     with structlog.testing.capture_logs() as logs:
         await _rounds(watcher, clock, times=8)
     peers = _document(watcher, clock)
     assert (peers["c"]["agreement"], peers["c"]["kind"], peers["c"]["held_against"], peers["c"]["evidence"]) == (
         False, "answers", ["a", "b"], 1.0)
-    assert " 0.336 nats from its group, 5.6 times the noise (0.060)" in peers["c"]["detail"]
+    assert " 0.847 nats from its group, 7.7 times the noise (0.110)" in peers["c"]["detail"]
     assert (peers["a"]["agreement"], peers["a"]["evidence"]) == (True, 0.0)
     text = _text(watcher)
     assert (value(text, "specwatch_peer_agreement", server="c", peer_group="tiny"),
@@ -180,7 +180,7 @@ async def test_a_member_that_stops_answering_becomes_unknown_and_the_rest_go_on(
 
 async def test_a_member_whose_polls_fail_keeps_its_standing_and_evidence_until_it_has_missed_its_rounds(
         watcher_of: Build, clock: FakeClock) -> None:
-    fakes = _pool(token_probability=0.5)
+    fakes = _pool(token_probability=0.3)
     watcher = watcher_of(fakes)
     await _rounds(watcher, clock, times=8)
     decided = _document(watcher, clock)["c"]
@@ -374,7 +374,7 @@ async def test_a_pair_held_to_its_reference_names_the_odd_member(watcher_of: Bui
     await _rounds(healthy, clock, times=3)
     answer = next(iter(healthy.fleet.get("a").model().peer_answers.answers.values()))
     held = Reference(dict.fromkeys(range(len(prompts())), answer))  # a look-alike answers every prompt alike
-    fakes = {"a": FakeLlama.plain(tokens=None), "c": FakeLlama.plain(tokens=None, token_probability=0.5)}
+    fakes = {"a": FakeLlama.plain(tokens=None), "c": FakeLlama.plain(tokens=None, token_probability=0.3)}
     alone = watcher_of(fakes)
     await _rounds(alone, clock, times=8)
     assert _document(alone, clock)["c"]["split"]  # a pair alone cannot say which of the two is off
