@@ -340,8 +340,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="rounds of the resampled null (default 10,000): the rule of three bounds a rate seen "
                              "nowhere at 3 per the exposure, so a group of 16's bound of 0.1 tickets a month asks "
                              "for about 41,000")
+    parser.add_argument("--floor", type=float,
+                        help="score against this noise floor instead of the shipped core.evidence.FLOOR (nats a "
+                             "value): how the floor was chosen, on a tuning recording")
     args = parser.parse_args(argv)
     from specwatch.durations import parse_duration
+
+    if args.floor is not None:
+        if not 0.0 < args.floor < 10.0:
+            parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a value, under 10")
+        from specwatch.core import peers
+
+        peers.FLOOR = args.floor  # the one name the scoring reads the floor by
 
     try:
         alerts = [Alert.shipped(), *(Alert.shipped(parse_duration(h)) for h in args.holds.split(",") if h.strip())]
@@ -356,8 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not null:
         parser.error(f"{args.recording} has no healthy member: record some with bench.peer_record --members null")
     order = sorted({p for m in null for p in m.answers})
+    from specwatch.core import peers
+
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
-          f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}")
+          f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}, "
+          f"noise floor {peers.FLOOR}{'' if args.floor is None else ' (--floor)'}")
     print("\nFalse decisions of healthy groups (each answer counted once):\n")
     print("\n".join(null_rates(null, order, alerts, args.rounds)))
     if changed:

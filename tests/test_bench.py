@@ -65,3 +65,40 @@ print(json.dumps({"shipped": [shipped.window, shipped.hold, shipped.text],
     # A member differs while it was decided in the last 5 rounds; the ticket fires once that held 10 rounds in a row.
     assert found == {"one round decided": [], "six rounds decided": [11], "two stretches": [9, 35],
                      "two members, one gap bridged": [9]}
+
+
+def _recording(path: Path, apart: float, prompts: int = 40) -> Path:
+    """A bench.peer_record recording of two healthy one-slot members, each prompt answered twice alike, whose every
+    value stands `apart` nats from the other's."""
+    import gzip
+
+    lines = [{"kind": "run", "prompts": [0, prompts], "changed_prompts": [0, 0], "seeds": []}]
+    for name, shift in (("plain", 0.0), ("other", apart)):
+        lines.append({"kind": "member", "member": name, "group": "null", "config": {"parallel": 1}})
+        for take in (0, 1):
+            for prompt in range(prompts):
+                tokens = [[t, -0.5 - shift, [[t, -0.5 - shift], [" else", -2.5 - shift]]] for t in (" a", " b", " c")]
+                lines.append({"kind": "answer", "member": name, "prompt": prompt, "take": take, "tokens": tokens})
+    with gzip.open(path, "wt") as out:
+        out.writelines(json.dumps(line) + "\n" for line in lines)
+    return path
+
+
+@pytest.mark.real
+def test_the_peer_power_bench_scores_against_the_floor_it_is_given(tmp_path: Path) -> None:
+    recording = _recording(tmp_path / "pair.jsonl.gz", apart=0.15)
+
+    def decisions(*extra: str) -> tuple[str, int]:
+        done = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--rounds",
+                               "200", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        (pairs,) = [line for line in done.stdout.splitlines() if line.startswith("| 2 | 2 |")]
+        return done.stdout.splitlines()[0], int(pairs.split("|")[4])
+
+    # 0.15 a value is 2.5 times a floor of 0.06 (each round adds 1.0: decided by round 18 of 40), 0.75 of one of 0.2.
+    low, high = decisions("--floor", "0.06"), decisions("--floor", "0.2")
+    assert low[0].endswith("noise floor 0.06 (--floor)") and low[1] == 4  # both members of both pairs
+    assert high[0].endswith("noise floor 0.2 (--floor)") and high[1] == 0
+    refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--floor", "0"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "--floor 0.0: a noise floor is a positive number" in refused.stderr
