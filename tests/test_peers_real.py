@@ -160,8 +160,6 @@ def test_a_pair_held_to_a_recorded_reference_names_its_odd_member(pool: Pool, tm
         peers = {s["server"]: s["models"][0]["peers"] for s in httpx.get(f"{exporter.url()}/api/v1/verdicts").json()["servers"]}
         assert not peers["other-file"]["split"] and "from the reference" in peers["other-file"]["detail"]
     # check does the same with --reference: the pair's odd server is named, and one server alone is compared too.
-    # (Its bound is 16 rounds: other-file scores about 2.6 times the noise a round, 1.1 over the allowance, so it needs
-    # about 17, and check rightly says UNDECIDED; same-name's text differs.)
     code, report = check_json(pool.url("wide"), pool.url("same-name"), "--reference", str(ref), "--tokens", "8",
                               "--endpoint", "completion")
     assert (code, report["disagreeing"]) == (1, [pool.url("same-name")]), (report["summary"], report["peers"])

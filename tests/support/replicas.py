@@ -20,8 +20,8 @@ class ReplicaModels:
     requantized: Path
     """The same weights requantized to Q4_0, output layer included: another ftype and size, logprobs a few 1e-3 apart."""
     other_file: Path
-    """Another file of the very same shape (p_next 0.6): only the file name tells the fingerprints apart; logprobs
-    0.15 apart."""
+    """Another file of the very same shape (p_next 0.4): only the file name tells the fingerprints apart; its texts are
+    the same, its logprobs 0.56 apart (five times the peer test's noise floor)."""
     other_cycle: Path
     """Another model under the same alias: another vocabulary size, and other tokens from the first one on."""
 
@@ -47,7 +47,7 @@ def replica_models(directory: Path) -> ReplicaModels:
     return ReplicaModels(
         plain=plain,
         requantized=requantize(plain, directory / "cycle-q4_0.gguf"),
-        other_file=write_cycle_model(directory / "cycle-other.gguf", tensor_type="Q8_0", p_next=0.6),
+        other_file=write_cycle_model(directory / "cycle-other.gguf", tensor_type="Q8_0", p_next=0.4),
         other_cycle=write_cycle_model(directory / "dogs-q8_0.gguf", tensor_type="Q8_0",
                                       cycle_words=("the", "dog", "ran", "on", "a", "mat")),
     )
