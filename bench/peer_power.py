@@ -292,7 +292,9 @@ def _spread(found: list[int | None]) -> str:
     missed = len(found) - len(seen)
     if not seen:
         return "never"
-    return f"median {statistics.median(seen + [math.inf] * missed):g}, range {seen[0]}-{'never' if missed else seen[-1]}"
+    middle = statistics.median(seen + [math.inf] * missed)
+    shown = "never" if math.isinf(middle) else f"{middle:g}"  # most seeds never reported
+    return f"median {shown}, range {seen[0]}-{'never' if missed else seen[-1]}"
 
 
 def power(changed: list[Process], null: list[Process], prompts: Sequence[int], alert: Alert) -> list[str]:

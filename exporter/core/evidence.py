@@ -26,7 +26,7 @@ FLOOR = 0.11
 of one model that differ in how they were deployed (another build, a q8_0 KV cache, another thread count) answer a
 little apart without batching at all (on Gemma 3 270M a q8_0 KV cache moved values by 0.06 on average). The smallest
 step of 0.01 at which the resampled null of a tuning recording opened at most 0.1 false tickets a group a month, bounds
-included, in groups of 2, 4 and 16 (0.06 until 0.6: 16 a month for a pair with a q8_0 cache; bench/README.md)."""
+included, in groups of 2, 4 and 16 (at 0.06 a pair with a q8_0 cache filed about 16 a month; bench/README.md)."""
 ALLOWANCE = 1.5
 """What each answer takes off the sum: an answer must stand more than 1.5 times the noise off its group to add to it."""
 CAP = 8.0
