@@ -348,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from specwatch.durations import parse_duration
 
+    if args.rounds < 100:
+        parser.error(f"--rounds {args.rounds}: the resampled null needs 100 rounds at least (10,000 by default)")
     if args.floor is not None:
         if not 0.0 < args.floor < 10.0:
             parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a value, under 10")

@@ -102,3 +102,6 @@ def test_the_peer_power_bench_scores_against_the_floor_it_is_given(tmp_path: Pat
     refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--floor", "0"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert refused.returncode == 2 and "--floor 0.0: a noise floor is a positive number" in refused.stderr
+    refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--rounds", "0"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "--rounds 0: the resampled null needs 100 rounds at least" in refused.stderr
