@@ -346,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="score against this noise floor instead of the shipped core.evidence.FLOOR (nats a "
                              "value): how the floor was chosen, on a tuning recording")
     args = parser.parse_args(argv)
+    from specwatch.core import peers
     from specwatch.durations import parse_duration
 
     if args.rounds < 100:
@@ -353,8 +354,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.floor is not None:
         if not 0.0 < args.floor < 10.0:
             parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a value, under 10")
-        from specwatch.core import peers
-
         peers.FLOOR = args.floor  # the one name the scoring reads the floor by
 
     try:
@@ -370,8 +369,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not null:
         parser.error(f"{args.recording} has no healthy member: record some with bench.peer_record --members null")
     order = sorted({p for m in null for p in m.answers})
-    from specwatch.core import peers
-
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
           f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}, "
           f"noise floor {peers.FLOOR}{'' if args.floor is None else ' (--floor)'}")
