@@ -40,7 +40,7 @@ from typing import Any
 
 from bench.peer_record import read
 from specwatch.core.answered import NOISE_SAMPLES
-from specwatch.core.evidence import difference
+from specwatch.core.evidence import FLOOR, difference
 from specwatch.core.peers import Comparing, Fingerprint, Peer
 from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.readers import Token
@@ -104,11 +104,11 @@ def processes(headers: dict[str, Any], answers: dict[str, dict[tuple[int, int], 
 
 def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None,
         scores: dict[str, list[float]] | None = None,
-        states: dict[str, list[bool]] | None = None) -> tuple[list[int], int | None]:
+        states: dict[str, list[bool]] | None = None, *, floor: float = FLOOR) -> tuple[list[int], int | None]:
     """The rounds at which any member's decision began (a false one in a healthy group), and the round `watched` was
     first decided at (None if never); each member's score of each round it was scored on goes into `scores`, and
     whether it stood decided after each round into `states`."""
-    test: Comparing[str] = Comparing()
+    test: Comparing[str] = Comparing(floor=floor)
     decided: dict[str, bool] = {}
     starts: list[int] = []
     first: int | None = None
@@ -233,7 +233,7 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
 
 
 def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert],
-               resampled_rounds: int = 10_000) -> list[str]:
+               resampled_rounds: int = 10_000, *, floor: float = FLOOR) -> list[str]:
     """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size."""
     from specwatch.core.evidence import ALLOWANCE
 
@@ -254,7 +254,7 @@ def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Ale
         seen_tickets = [0] * len(alerts)
         for members in groups:
             states: dict[str, list[bool]] = {}
-            starts, _ = run(members, prompts, scores=scores, states=states)
+            starts, _ = run(members, prompts, scores=scores, states=states, floor=floor)
             events += len(starts)
             early += sum(1 for s in starts if s < FIRST)
             for a, alert in enumerate(alerts):
@@ -297,7 +297,8 @@ def _spread(found: list[int | None]) -> str:
     return f"median {shown}, range {seen[0]}-{'never' if missed else seen[-1]}"
 
 
-def power(changed: list[Process], null: list[Process], prompts: Sequence[int], alert: Alert) -> list[str]:
+def power(changed: list[Process], null: list[Process], prompts: Sequence[int], alert: Alert, *,
+          floor: float = FLOOR) -> list[str]:
     by_name = {p.name.split("#")[0]: p for p in null if p.name.endswith("#0")}
     pools = {2: ["b11434-np1"], 4: ["b11434-np4-busy-a", "b11434-np4-busy-b", "b11434-np1"],
              16: sorted(by_name)[:15]}
@@ -320,7 +321,7 @@ def power(changed: list[Process], null: list[Process], prompts: Sequence[int], a
             for m in members:
                 states: dict[str, list[bool]] = {}
                 found.append(run([*healthy, m], [p for p in prompts if p in m.answers], watched=m.name,
-                                 states=states)[1])
+                                 states=states, floor=floor)[1])
                 fired = alert.tickets([states.get(m.name, [])])
                 tickets.append(fired[0] + 1 if fired else None)
             cells.append(f"{_spread(found)} ({len(found)} seeds)")
@@ -344,17 +345,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "for about 41,000")
     parser.add_argument("--floor", type=float,
                         help="score against this noise floor instead of the shipped core.evidence.FLOOR (nats a "
-                             "value): how the floor was chosen, on a tuning recording")
+                             "token): how the floor was chosen, on a tuning recording")
     args = parser.parse_args(argv)
-    from specwatch.core import peers
     from specwatch.durations import parse_duration
 
     if args.rounds < 100:
         parser.error(f"--rounds {args.rounds}: the resampled null needs 100 rounds at least (10,000 by default)")
-    if args.floor is not None:
-        if not 0.0 < args.floor < 10.0:
-            parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a value, under 10")
-        peers.FLOOR = args.floor  # the one name the scoring reads the floor by
+    floor = FLOOR if args.floor is None else args.floor
+    if not 0.0 < floor < 10.0:
+        parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a token, under 10")
 
     try:
         alerts = [Alert.shipped(), *(Alert.shipped(parse_duration(h)) for h in args.holds.split(",") if h.strip())]
@@ -371,13 +370,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = sorted({p for m in null for p in m.answers})
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
           f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}, "
-          f"noise floor {peers.FLOOR}{'' if args.floor is None else ' (--floor)'}")
+          f"noise floor {floor}{'' if args.floor is None else ' (--floor)'}")
     print("\nFalse decisions of healthy groups (each answer counted once):\n")
-    print("\n".join(null_rates(null, order, alerts, args.rounds)))
+    print("\n".join(null_rates(null, order, alerts, args.rounds, floor=floor)))
     if changed:
         print("\nAnswers until a changed member is reported (its answers, in order), and until its ticket fires "
               f"({alerts[0].text}):\n")
-        print("\n".join(power(changed, null, sorted({p for m in changed for p in m.answers}), alerts[0])))
+        asked = sorted({p for m in changed for p in m.answers})
+        print("\n".join(power(changed, null, asked, alerts[0], floor=floor)))
     return 0
 
 

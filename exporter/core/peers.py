@@ -214,7 +214,7 @@ class _LeaveOneOut(Generic[K]):
 
 
 def score_round(answers: Mapping[K, Logprobs], noise: Mapping[K, float | None], *, seed: int,
-                reference: Logprobs | None = None) -> dict[K, Scored]:
+                reference: Logprobs | None = None, floor: float = FLOOR) -> dict[K, Scored]:
     """Each member's score on one round (see the module's docstring); a member with nothing to compare is left out."""
     keys = sorted(answers, key=str)
     if len(keys) < 2 and reference is None:
@@ -261,7 +261,7 @@ def score_round(answers: Mapping[K, Logprobs], noise: Mapping[K, float | None], 
     theirs = _LeaveOneOut(own)
     scored: dict[K, Scored] = {}
     for k, d in distance.items():
-        group = max(FLOOR, theirs.without(k) or 0.0)
+        group = max(floor, theirs.without(k) or 0.0)
         mine = own.get(k, 0.0)
         within = (typical.without(k) if typical is not None else None) or 0.0
         # Neither what a round's members typically stand apart nor a member's own noise counts beyond NOISY times the
@@ -274,8 +274,10 @@ def score_round(answers: Mapping[K, Logprobs], noise: Mapping[K, float | None], 
 class Comparing(Generic[K]):
     """One group's test across rounds, the daemon's and check's alike: each round counted once, each member's evidence."""
 
-    def __init__(self, reference: Reference | None = None, *, salt: int | None = None) -> None:
+    def __init__(self, reference: Reference | None = None, *, salt: int | None = None, floor: float = FLOOR) -> None:
         self.reference = reference
+        self.floor = floor
+        """The least noise a member is scored against (core.evidence.FLOOR unless a bench tries another)."""
         self.salt = salt
         """The draw of prompts its rounds asked (peerprobe.prompt): this process's unless told."""
         self.evidence: dict[K, Cusum] = {}
@@ -314,7 +316,8 @@ class Comparing(Generic[K]):
             return  # a round the reference did not record says nothing against it
         if not answers:
             return
-        scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference)
+        scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference,
+                             floor=self.floor)
         against = "the reference" if reference is not None else "its group"
         for k in answering:
             before = self.evidence.get(k, Cusum())
