@@ -61,7 +61,7 @@ def answer(values: tuple[float | None, ...] = VALUES, texts: tuple[str, ...] = T
 
 OFF = answer((-0.1, -1.4, -1.5, -1.6))
 OFF_BY = 0.9
-"""OFF is 0.9 nats a value from answer(): over GROSS times the floor, so three rounds decide."""
+"""OFF is 0.9 nats a token from answer(): over GROSS times the floor, so three rounds decide."""
 
 
 def group(*answers: Logprobs, noise: float | None = None, fingerprints: tuple[Fingerprint, ...] = (),
@@ -93,7 +93,8 @@ def test_the_group_of_a_model(configured: str | None, reported: str, whole: bool
     assert group_of(configured, reported, whole_server=whole) == expected
 
 
-# (case, b, mean, values compared, parted at): against answer() = the, cat, sat, on at -0.1 -0.2 -0.3 -0.4.
+# (case, b, mean, tokens compared, parted at): against answer() = the, cat, sat, on at -0.1 -0.2 -0.3 -0.4, each
+# listing itself and " dog" 1.5 below it.
 DIFFERENCES = {
     "alike": (answer(), 0.0, 4, None),
     "one value moved": (answer((-0.1, -0.3, -0.3, -0.4)), 0.025, 4, None),
@@ -109,6 +110,13 @@ DIFFERENCES = {
     "the other's token not listed": (answer((-0.1, -0.2, -0.3, -0.4), ("the", " fox", " sat", " on"),
                                             (("the", -0.1), (" fox", -0.2, " owl", -4.2), (" sat", -0.3), (" on", -0.4))),
                                      None, 2, 1),
+    # The same chosen tokens, a runner-up moved: token 1's " dog" 1.0 lower, so it moved (0.0 + 1.0) / 2.
+    "a runner-up moved": (answer(tops=(("the", -0.1, " dog", -1.6), (" cat", -0.2, " dog", -2.7),
+                                       (" sat", -0.3, " dog", -1.8), (" on", -0.4, " dog", -1.9))), 0.5 / 4, 4, None),
+    # No alternative listed in common at token 1: the chosen token's own value moved, by 0.1.
+    "no alternative in common": (answer((-0.1, -0.3, -0.3, -0.4),
+                                        tops=(("the", -0.1, " dog", -1.6), (" owl", -2.0), (" sat", -0.3, " dog", -1.8),
+                                              (" on", -0.4, " dog", -1.9))), 0.1 / 4, 4, None),
     # A fill-in where the texts part: only a's side is known (its log-odds of " cat" over " dog", 1.5).
     "a fill-in where they part": (answer((-0.1, None, None, None), ("the", " dog", " sat", " on")), 1.5 / 2, 2, 1),
 }

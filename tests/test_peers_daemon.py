@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import structlog
 
-from specwatch.core.evidence import MISSED
+from specwatch.core.evidence import FLOOR, MISSED
 from specwatch.core.peers import Comparing
 from specwatch.core.state import Fleet
 from specwatch.daemon.api import Selection, verdicts
@@ -143,13 +143,13 @@ async def test_the_prompts_are_this_process_own_draw_from_the_pool(watcher_of: B
 
 
 async def test_answers_that_differ_are_reported_once_the_test_decides(watcher_of: Build, clock: FakeClock) -> None:
-    watcher = watcher_of(_pool(token_probability=0.3))  # log 0.7 - log 0.3 = 0.847 a token, 7.7 times the floor
+    watcher = watcher_of(_pool(token_probability=0.3))  # log 0.7 - log 0.3 = 0.847 a token, 8.5 times the floor
     with structlog.testing.capture_logs() as logs:
         await _rounds(watcher, clock, times=8)
     peers = _document(watcher, clock)
     assert (peers["c"]["agreement"], peers["c"]["kind"], peers["c"]["held_against"], peers["c"]["evidence"]) == (
         False, "answers", ["a", "b"], 1.0)
-    assert " 0.847 nats from its group, 7.7 times the noise (0.110)" in peers["c"]["detail"]
+    assert f" 0.847 nats from its group, {0.847 / FLOOR:.1f} times the noise ({FLOOR:.3f})" in peers["c"]["detail"]
     assert (peers["a"]["agreement"], peers["a"]["evidence"]) == (True, 0.0)
     text = _text(watcher)
     assert (value(text, "specwatch_peer_agreement", server="c", peer_group="tiny"),

@@ -1,11 +1,12 @@
 """How far two answers to one question are apart, how far a member stands from its group on one question, and the
 sequential test that turns a member's standing, answer after answer, into evidence.
 
-The difference of two answers is the mean absolute difference of the values they share: the logprob of each token
-both generated alike, and, where their texts part, the change in log-odds between the two chosen tokens (each answer
-gives the other's token its value among its alternatives). A near-tie that batching flipped moves that log-odds by
-little; a replica that is sure of another token moves it by much. Nothing after the parting is compared: the
-contexts differ from there.
+The difference of two answers is the mean, over the tokens they share, of how far each moved: on a token both generated
+alike, the mean absolute difference of the logprobs of the alternatives both list there (the chosen token among them:
+a changed model moves its runners-up too, where the chosen token's own logprob may sit near 0 in both); where their
+texts part, the change in log-odds between the two chosen tokens (each answer gives the other's token its value among
+its alternatives). A near-tie that batching flipped moves that log-odds by little; a replica that is sure of another
+token moves it by much. Nothing after the parting is compared: the contexts differ from there.
 
 A member's score on one question is its distance to the group over the noise that distance has there (core/peers.py
 says how both are measured); the test is a CUSUM of scores: each answer adds its score, capped, less an allowance, so
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 
 from ..probe.logprobs import Logprobs
 
-FLOOR = 0.11
-"""The least noise (nats per value compared) a member's score is taken against, whatever its group measured: replicas
+FLOOR = 0.10
+"""The least noise (nats per token compared) a member's score is taken against, whatever its group measured: replicas
 of one model that differ in how they were deployed (another build, a q8_0 KV cache, another thread count) answer a
-little apart without batching at all (on Gemma 3 270M a q8_0 KV cache moved values by 0.06 on average). The smallest
-step of 0.01 at which the resampled null of a tuning recording opened at most 0.1 false tickets a group a month, bounds
-included, in groups of 2, 4 and 16 (at 0.06 a pair with a q8_0 cache filed about 16 a month; bench/README.md)."""
+little apart without batching at all. The smallest step of 0.01 at which the resampled null of a tuning recording
+opened at most 0.1 false tickets a group a month, bounds included, in groups of 2, 4 and 16 (0.09 opened up to 2.1;
+bench/README.md)."""
 ALLOWANCE = 1.5
 """What each answer takes off the sum: an answer must stand more than 1.5 times the noise off its group to add to it."""
 CAP = 8.0
@@ -49,9 +50,9 @@ class Difference:
     """Two answers to one question compared."""
 
     mean: float
-    """The mean absolute difference of the values compared, in nats."""
+    """The mean of how far each token compared moved, in nats."""
     values: int
-    """How many values were compared: the shared tokens, and the parting's log-odds."""
+    """How many tokens were compared: the shared ones, and the parting."""
     parted: int | None = None
     """The token where their texts part; None where they do not (over the shorter answer)."""
     largest: float = 0.0
@@ -74,7 +75,7 @@ def difference(a: Logprobs, b: Logprobs) -> Difference:
         if mine == theirs:
             if x != x or y != y:
                 continue  # a fill-in's value (NaN) is no measurement
-            moved = abs(x - y)
+            moved = _alternatives_moved(a, b, index, abs(x - y))
         else:
             # Each side's log-odds of its own token over the other's: at temperature 0 both are >= 0, and what the
             # pair moved is their sum. A token an answer does not list is at most as likely as its lowest alternative.
@@ -90,6 +91,28 @@ def difference(a: Logprobs, b: Logprobs) -> Difference:
         if mine != theirs:
             return Difference(total / count, count, index, largest, at)
     return Difference(total / count if count else 0.0, count, None, largest, at)
+
+
+def _alternatives_moved(a: Logprobs, b: Logprobs, index: int, chosen: float) -> float:
+    """The mean absolute difference of the values both answers give the alternatives both list at `index` (the chosen
+    token among them); `chosen`, the chosen token's own, where they list none in common."""
+    start_a, end_a, start_b, end_b = a.starts[index], a.starts[index + 1], b.starts[index], b.starts[index + 1]
+    if start_a == end_a or start_b == end_b:
+        return chosen
+    texts_a, texts_b = a.alternative_texts[start_a:end_a], b.alternative_texts[start_b:end_b]
+    values_a, values_b = a.alternative_values[start_a:end_a], b.alternative_values[start_b:end_b]
+    if texts_a == texts_b:  # the usual case, the same runners-up in the same order: no lookup
+        if values_a == values_b:
+            return 0.0
+        return sum([abs(x - y) for x, y in zip(values_a, values_b, strict=True)]) / len(texts_a)
+    theirs = dict(zip(texts_b, values_b, strict=True))
+    total, count = 0.0, 0
+    for text, value in zip(texts_a, values_a, strict=True):
+        other = theirs.get(text)
+        if other is not None:
+            total += abs(value - other)
+            count += 1
+    return total / count if count else chosen
 
 
 def _odds(answer: Logprobs, index: int, chosen: str, other: str) -> float | None:

@@ -441,7 +441,10 @@ class _Shape:
         def value(p: float) -> float:
             return p if self.post else math.log(p)
 
-        candidates = [(text, token_id, probability), *OTHERS][: self.alternatives]
+        # A replica less sure of its token is less sure of the runners-up listed too (the rest goes to the tail), as a
+        # changed model's whole top-k moves: the listed alternatives scale with the token's probability.
+        scale = probability / TOKEN_PROBABILITY if position not in self.real_zero_at else 1.0
+        candidates = [(text, token_id, probability), *((o, i, p * scale) for o, i, p in OTHERS)][: self.alternatives]
         if self.greedy and position not in self.pre_at:
             probability, candidates = 1.0, [(text, token_id, 1.0)][: self.alternatives]
         entry[value_key] = value(probability)

@@ -80,7 +80,7 @@ SERVER: tuple[Family, ...] = (
            "group's, from 0 to 1 (1: decided); absent while nothing was compared."),
     Family("specwatch_peer_noise_nats", "gauge", (),
            "The model's own noise under its load: the mean, over its last 16 rounds, of how far two copies of the "
-           "round's peer-probe prompt asked at once parted, in nats per value compared; absent before it was measured "
+           "round's peer-probe prompt asked at once parted, in nats per token compared; absent before it was measured "
            "(and on a server of one slot, which never batches)."),
     Family("specwatch_peer_noisy", "gauge", ("peer_group",),
            "1 when the model's own noise stands 4 times or more over its peer group's (it is held to no more than "
