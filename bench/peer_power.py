@@ -40,7 +40,7 @@ from typing import Any
 
 from bench.peer_record import read
 from specwatch.core.answered import NOISE_SAMPLES
-from specwatch.core.evidence import FLOOR, difference
+from specwatch.core.evidence import ALLOWANCE, FLOOR, difference
 from specwatch.core.peers import Comparing, Fingerprint, Peer
 from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.readers import Token
@@ -235,8 +235,6 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
 def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert],
                resampled_rounds: int = 10_000, *, floor: float = FLOOR) -> list[str]:
     """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size."""
-    from specwatch.core.evidence import ALLOWANCE
-
     lines = ["| group size | groups (disjoint) | member-hours watched | false decisions | average run length to a false "
              "decision, member-hours | P(false decision in a process's first 10 rounds) | resampled: member-hours, "
              "decisions, average run length | scores over the allowance, largest |",

@@ -105,10 +105,9 @@ def _alternatives_moved(a: Logprobs, b: Logprobs, index: int, chosen: float) -> 
         if values_a == values_b:
             return 0.0
         return sum([abs(x - y) for x, y in zip(values_a, values_b, strict=True)]) / len(texts_a)
-    theirs = dict(zip(texts_b, values_b, strict=True))
     total, count = 0.0, 0
     for text, value in zip(texts_a, values_a, strict=True):
-        other = theirs.get(text)
+        other = b.value_of(index, text)
         if other is not None:
             total += abs(value - other)
             count += 1
