@@ -208,9 +208,13 @@ def held(rig: Rig) -> Holdings:
         watcher = daemon.watcher
 
         def busy() -> str:
-            # Ticks count too: one between its poll and its rounds (asking /v1/models, say) claims no probe.
+            # Ticks count too: one between its poll and its rounds (asking /v1/models, say) claims no probe. So does a
+            # job the scheduler fired before the pause and has not finished: its task is still counted after.
             probes, rounds, ticks = len(watcher._in_flight), len(watcher._rounds), len(watcher._tasks)
-            return f"probes in flight {probes}, canary rounds {rounds}, ticks {ticks}" if probes or rounds or ticks else ""
+            jobs = sum(1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "run_coroutine_job")
+            if probes or rounds or ticks or jobs:
+                return f"probes in flight {probes}, canary rounds {rounds}, ticks {ticks}, scheduler jobs {jobs}"
+            return ""
 
         # A job the scheduler fired just before the pause may not have claimed its probe yet: quiet twice in a row.
         # Every exchange ends by its deadline (Fetcher._exchange), so one still going well after that has leaked.
