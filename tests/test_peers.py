@@ -100,9 +100,16 @@ DIFFERENCES = {
     "one value moved": (answer((-0.1, -0.3, -0.3, -0.4)), 0.025, 4, None),
     "a fill-in's value is no measurement": (answer((-0.1, None, -0.3, -0.4)), 0.0, 3, None),
     "a shorter answer, over its length": (answer(VALUES[:2], TEXT[:2]), 0.0, 2, None),
-    # Parting at token 1 where b is sure of " dog": its log-odds moved by 1.5 (a's) + 1.5 (b's) = 3.0.
-    "a parting where both were sure": (answer(texts=("the", " dog", " sat", " on")), 3.0 / 2, 2, 1),
-    # A near-tie flipped: a gives " dog" -0.25 (0.05 below " cat"), b gives " cat" -0.24 (0.04 below " dog").
+    # Parting at token 1 where b is sure of " dog" and puts " cat" 1.5 below: both alternatives moved by 1.5.
+    "a parting where both were sure": (answer(texts=("the", " dog", " sat", " on"),
+                                              tops=(("the", -0.1), (" dog", -0.2, " cat", -1.7), (" sat", -0.3),
+                                                    (" on", -0.4))), 1.5 / 2, 2, 1),
+    # b sure of " fox", listing " dog" as a does and not " cat": " dog" moved by 0.5; a's " cat" is at most b's lowest,
+    # so it moved by 2.0 at least; b's " fox", by 0.3 over a's lowest: (0.5 + 2.0 + 0.3) / 3 where they part.
+    "a parting where each is sure of its own": (answer((-0.1, -1.4, -0.3, -0.4), ("the", " fox", " sat", " on"),
+                                                       (("the", -0.1), (" fox", -1.4, " dog", -2.2), (" sat", -0.3),
+                                                        (" on", -0.4))), 2.8 / 3 / 2, 2, 1),
+    # A near-tie flipped: b gives " cat" -0.24 (0.04 below its " dog"), where a gives " dog" -1.7.
     "a near-tie flipped": (answer((-0.1, -0.2, -0.3, -0.4), ("the", " dog", " sat", " on"),
                                   (("the", -0.1), (" dog", -0.2, " cat", -0.24), (" sat", -0.3), (" on", -0.4))),
                            None, 2, 1),
@@ -135,9 +142,10 @@ def test_the_difference_of_two_answers(case: str) -> None:
 def test_a_near_tie_moves_the_difference_by_little_and_a_sure_parting_by_much() -> None:
     tie = DIFFERENCES["a near-tie flipped"][0]
     sure = DIFFERENCES["the other's token not listed"][0]
-    # a puts " dog" 0.05 below " cat", b puts " cat" 0.04 below " dog": their log-odds moved by 0.09 in all.
+    # a puts " dog" 0.05 below " cat", b puts " cat" 0.04 below " dog": " cat" moved by 0.04, " dog" by 0.05.
     assert difference(answer(tops=(("the", -0.1), (" cat", -0.2, " dog", -0.25), (" sat", -0.3), (" on", -0.4))),
-                      tie).mean == pytest.approx((0.0 + 0.05 + 0.04) / 2)
+                      tie).mean == pytest.approx((0.0 + (0.04 + 0.05) / 2) / 2)
+    # Nothing listed in common where they part: the pair's log-odds, a's 1.5 (its lowest for " fox") and b's 4.0.
     assert difference(answer(), sure).mean == pytest.approx((0.0 + 1.5 + 4.0) / 2)
 
 
@@ -151,15 +159,24 @@ def test_the_spread_of_a_burst_is_its_largest_difference() -> None:
     assert spread([answer(), answer((-0.1, -0.3, -0.3, -0.4)), answer((-0.1, -0.2, -0.5, -0.4))]) == pytest.approx(0.075)
 
 
+STEP = 0.25
+"""A small difference that persists: each answer STEP over the allowance."""
+SMALL = math.ceil(THRESHOLD / STEP)
+"""The answers it takes to decide."""
+LARGE = min(CAP, GROSS - 1.0)
+"""A large answer, not a gross one (three gross ones in a window decide whatever the sum)."""
+WORN = math.ceil(2 * (LARGE - ALLOWANCE) / ALLOWANCE)
+"""Answers at no distance that wear two large ones down to nothing."""
+
+
 @pytest.mark.parametrize(("scores", "total", "decides"), [
-    ([1.0] * 50, 0.0, False),  # within the noise, however many answers
+    ([ALLOWANCE] * 50, 0.0, False),  # within the noise, however many answers
     ([CAP * 3], CAP - ALLOWANCE, False),  # one answer never decides, however gross
     ([CAP] * 2, 2 * (CAP - ALLOWANCE), False),
     ([CAP] * 3, THRESHOLD, True),  # three gross answers in a row do
-    ([5.0] * 5, 17.5, False),
-    ([5.0] * 6, THRESHOLD, True),  # five times the noise, six answers
-    ([5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 5.0], 4.5, False),  # answers within the noise wear the evidence down
-    ([3.0] * 12, THRESHOLD, True),  # a small difference that persists decides, later
+    ([ALLOWANCE + STEP] * (SMALL - 1), (SMALL - 1) * STEP, False),
+    ([ALLOWANCE + STEP] * SMALL, THRESHOLD, True),  # a small difference that persists decides, later
+    ([LARGE, LARGE, *[0.0] * WORN, LARGE], LARGE - ALLOWANCE, False),  # answers within the noise wear the evidence down
 ])
 def test_the_sequential_test(scores: list[float], total: float, decides: bool) -> None:
     evidence = Cusum()

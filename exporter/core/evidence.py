@@ -1,12 +1,13 @@
 """How far two answers to one question are apart, how far a member stands from its group on one question, and the
 sequential test that turns a member's standing, answer after answer, into evidence.
 
-The difference of two answers is the mean, over the tokens they share, of how far each moved: on a token both generated
-alike, the mean absolute difference of the logprobs of the alternatives both list there (the chosen token among them:
-a changed model moves its runners-up too, where the chosen token's own logprob may sit near 0 in both); where their
-texts part, the change in log-odds between the two chosen tokens (each answer gives the other's token its value among
-its alternatives). A near-tie that batching flipped moves that log-odds by little; a replica that is sure of another
-token moves it by much. Nothing after the parting is compared: the contexts differ from there.
+The difference of two answers is the mean, over the tokens they share and the one where their texts part, of how far
+each moved: the mean absolute difference of the logprobs of the alternatives both list there (the chosen token among
+them: a changed model moves its runners-up too, where the chosen token's own logprob may sit near 0 in both). Where the
+texts part the context is still the same, so that token counts alike, each side's chosen token counted as at most the
+other's lowest alternative where the other does not list it; the two chosen tokens' log-odds count only where a side is
+a fill-in or the two list nothing in common. A near-tie that batching flipped moves its two tokens by little; a replica
+sure of another token moves them by much. Nothing after the parting is compared: the contexts differ from there.
 
 A member's score on one question is its distance to the group over the noise that distance has there (core/peers.py
 says how both are measured); the test is a CUSUM of scores: each answer adds its score, capped, less an allowance, so
@@ -77,13 +78,16 @@ def difference(a: Logprobs, b: Logprobs) -> Difference:
                 continue  # a fill-in's value (NaN) is no measurement
             moved = _alternatives_moved(a, b, index, abs(x - y))
         else:
-            # Each side's log-odds of its own token over the other's: at temperature 0 both are >= 0, and what the
-            # pair moved is their sum. A token an answer does not list is at most as likely as its lowest alternative.
-            sides = [_odds(a, index, mine, theirs), _odds(b, index, theirs, mine)]
-            known = [side for side in sides if side is not None]
-            if not known:
-                return Difference(total / count if count else 0.0, count, index, largest, at)
-            moved = max(0.0, sum(known))
+            # The context is still the same here: the two answers give one next token's distribution, compared as on
+            # any token. Only where a side is a fill-in, or they list nothing in common, does the pair's log-odds
+            # count: each side's of its own token over the other's (>= 0 at temperature 0), summed.
+            moved = _parting_moved(a, b, index) if x == x and y == y else None
+            if moved is None:
+                sides = [_odds(a, index, mine, theirs), _odds(b, index, theirs, mine)]
+                known = [side for side in sides if side is not None]
+                if not known:
+                    return Difference(total / count if count else 0.0, count, index, largest, at)
+                moved = max(0.0, sum(known))
         total += moved
         count += 1
         if moved > largest:
@@ -112,6 +116,28 @@ def _alternatives_moved(a: Logprobs, b: Logprobs, index: int, chosen: float) -> 
             total += abs(value - other)
             count += 1
     return total / count if count else chosen
+
+
+def _parting_moved(a: Logprobs, b: Logprobs, index: int) -> float | None:
+    """Where the texts part: the mean absolute difference of the values both give the alternatives both list, each
+    side's chosen token counted too where the other does not list it (at most as likely as the other's lowest
+    alternative: a lower bound of its move, so that two answers sure of different tokens stand far apart); None where
+    they list nothing in common."""
+    total, count = 0.0, 0
+    for at in range(a.starts[index], a.starts[index + 1]):
+        other = b.value_of(index, a.alternative_texts[at])
+        if other is not None:
+            total += abs(a.alternative_values[at] - other)
+            count += 1
+    if not count:
+        return None
+    for side, other in ((a, b), (b, a)):
+        if other.value_of(index, side.texts[index]) is None:
+            lowest = other.lowest(index)
+            if lowest is not None:
+                total += max(0.0, side.values[index] - lowest)
+                count += 1
+    return total / count
 
 
 def _odds(answer: Logprobs, index: int, chosen: str, other: str) -> float | None:
