@@ -40,7 +40,7 @@ from typing import Any
 
 from bench.peer_record import read
 from specwatch.core.answered import NOISE_SAMPLES
-from specwatch.core.evidence import ALLOWANCE, FLOOR, difference
+from specwatch.core.evidence import FLOOR, GROSS, GROSS_ROUNDS, GROSS_WINDOW, SHIPPED, Shape, difference
 from specwatch.core.peers import Comparing, Fingerprint, Peer
 from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.readers import Token
@@ -104,11 +104,12 @@ def processes(headers: dict[str, Any], answers: dict[str, dict[tuple[int, int], 
 
 def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None,
         scores: dict[str, list[float]] | None = None,
-        states: dict[str, list[bool]] | None = None, *, floor: float = FLOOR) -> tuple[list[int], int | None]:
+        states: dict[str, list[bool]] | None = None, *, floor: float = FLOOR,
+        shape: Shape = SHIPPED) -> tuple[list[int], int | None]:
     """The rounds at which any member's decision began (a false one in a healthy group), and the round `watched` was
     first decided at (None if never); each member's score of each round it was scored on goes into `scores`, and
     whether it stood decided after each round into `states`."""
-    test: Comparing[str] = Comparing(floor=floor)
+    test: Comparing[str] = Comparing(floor=floor, shape=shape)
     decided: dict[str, bool] = {}
     starts: list[int] = []
     first: int | None = None
@@ -180,7 +181,8 @@ def _bound(events: int, exposure: float) -> float:
 
 
 def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int, *, streams: int = 512,
-              rounds: int = 10_000, boots: int = 20, seed: int = 1) -> tuple[int, int, list[int], list[float]]:
+              rounds: int = 10_000, boots: int = 20, seed: int = 1,
+              shape: Shape = SHIPPED) -> tuple[int, int, list[int], list[float]]:
     """The test run on resampled null scores: (decisions, member-rounds, tickets per alert) with the scores as
     measured, and the largest ticket rate per group-round of each alert over `boots` bootstrap draws of each member's
     scores (the data's uncertainty, roughly its 95th percentile). Each stream keeps to one member's own scores, drawn
@@ -188,8 +190,6 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
     taken as independent, and so are the members of a group (in a pair the two scores move together, so a pair's
     tickets are counted high). Streams are dealt into groups of `size`, each ticket counted once per group."""
     import numpy as np
-
-    from specwatch.core.evidence import ALLOWANCE, CAP, GROSS, GROSS_ROUNDS, GROSS_WINDOW, THRESHOLD
 
     rng = np.random.default_rng(seed)
     own = [np.asarray(v, dtype=float) for v in scores.values() if v]
@@ -211,10 +211,10 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
         found = 0
         for t in range(rounds):
             score = pool[np.arange(streams), rng.integers(lengths)]
-            total = np.clip(total + np.minimum(score, CAP) - ALLOWANCE, 0.0, THRESHOLD)
+            total = np.clip(total + np.minimum(score, shape.cap) - shape.allowance, 0.0, shape.threshold)
             gross[:, t % GROSS_WINDOW] = score >= GROSS
-            total[(score >= GROSS) & (gross.sum(axis=1) >= GROSS_ROUNDS)] = THRESHOLD
-            now = total >= THRESHOLD
+            total[(score >= GROSS) & (gross.sum(axis=1) >= GROSS_ROUNDS)] = shape.threshold
+            now = total >= shape.threshold
             found += int(np.sum(now & ~decided))
             decided = now | (decided & (total > 0.0))
             last[decided] = t
@@ -233,7 +233,7 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
 
 
 def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert],
-               resampled_rounds: int = 10_000, *, floor: float = FLOOR) -> list[str]:
+               resampled_rounds: int = 10_000, *, floor: float = FLOOR, shape: Shape = SHIPPED) -> list[str]:
     """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size."""
     lines = ["| group size | groups (disjoint) | member-hours watched | false decisions | average run length to a false "
              "decision, member-hours | P(false decision in a process's first 10 rounds) | resampled: member-hours, "
@@ -252,7 +252,7 @@ def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Ale
         seen_tickets = [0] * len(alerts)
         for members in groups:
             states: dict[str, list[bool]] = {}
-            starts, _ = run(members, prompts, scores=scores, states=states, floor=floor)
+            starts, _ = run(members, prompts, scores=scores, states=states, floor=floor, shape=shape)
             events += len(starts)
             early += sum(1 for s in starts if s < FIRST)
             for a, alert in enumerate(alerts):
@@ -266,8 +266,8 @@ def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Ale
             arl += f" (bound > {1 / _bound(events, member_hours):.1f})"
         p_first = f"{early / processes_started:.3f} (bound {min(1.0, _bound(early, processes_started)):.3f})"
         every = [x for v in scores.values() for x in v]
-        over = f"{sum(1 for x in every if x > ALLOWANCE) / len(every):.1%} of {len(every)}, {max(every):.2f}"
-        found, member_rounds, tickets, worst = resampled(scores, alerts, size, rounds=resampled_rounds)
+        over = f"{sum(1 for x in every if x > shape.allowance) / len(every):.1%} of {len(every)}, {max(every):.2f}"
+        found, member_rounds, tickets, worst = resampled(scores, alerts, size, rounds=resampled_rounds, shape=shape)
         sim_hours = member_rounds * INTERVAL / 3600
         sim_group_hours = sim_hours / size
         rate = (found or 3.0) / sim_hours  # none seen: the rule of three
@@ -296,7 +296,7 @@ def _spread(found: list[int | None]) -> str:
 
 
 def power(changed: list[Process], null: list[Process], prompts: Sequence[int], alert: Alert, *,
-          floor: float = FLOOR) -> list[str]:
+          floor: float = FLOOR, shape: Shape = SHIPPED) -> list[str]:
     by_name = {p.name.split("#")[0]: p for p in null if p.name.endswith("#0")}
     pools = {2: ["b11434-np1"], 4: ["b11434-np4-busy-a", "b11434-np4-busy-b", "b11434-np1"],
              16: sorted(by_name)[:15]}
@@ -319,7 +319,7 @@ def power(changed: list[Process], null: list[Process], prompts: Sequence[int], a
             for m in members:
                 states: dict[str, list[bool]] = {}
                 found.append(run([*healthy, m], [p for p in prompts if p in m.answers], watched=m.name,
-                                 states=states, floor=floor)[1])
+                                 states=states, floor=floor, shape=shape)[1])
                 fired = alert.tickets([states.get(m.name, [])])
                 tickets.append(fired[0] + 1 if fired else None)
             cells.append(f"{_spread(found)} ({len(found)} seeds)")
@@ -344,6 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--floor", type=float,
                         help="score against this noise floor instead of the shipped core.evidence.FLOOR (nats a "
                              "token): how the floor was chosen, on a tuning recording")
+    parser.add_argument("--allowance", type=float, help="what each answer takes off the sum, in noise (the shipped "
+                        f"{SHIPPED.allowance:g} unless given): how the test's shape was chosen, on a tuning recording")
+    parser.add_argument("--cap", type=float, help=f"the most one answer adds, in noise (the shipped {SHIPPED.cap:g})")
+    parser.add_argument("--threshold", type=float, help=f"the sum that decides (the shipped {SHIPPED.threshold:g})")
     args = parser.parse_args(argv)
     from specwatch.durations import parse_duration
 
@@ -352,6 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = FLOOR if args.floor is None else args.floor
     if not 0.0 < floor < 10.0:
         parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a token, under 10")
+    shape = Shape(*(SHIPPED.allowance if args.allowance is None else args.allowance,
+                    SHIPPED.cap if args.cap is None else args.cap,
+                    SHIPPED.threshold if args.threshold is None else args.threshold))
+    if not 0.0 < shape.allowance < shape.cap:
+        parser.error(f"--allowance {shape.allowance:g}, --cap {shape.cap:g}: the allowance is positive and under the "
+                     "cap, or no answer ever adds to the sum")
+    if shape.threshold <= 0.0:
+        parser.error(f"--threshold {shape.threshold:g}: the sum that decides is positive")
 
     try:
         alerts = [Alert.shipped(), *(Alert.shipped(parse_duration(h)) for h in args.holds.split(",") if h.strip())]
@@ -368,14 +380,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = sorted({p for m in null for p in m.answers})
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
           f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}, "
-          f"noise floor {floor}{'' if args.floor is None else ' (--floor)'}")
+          f"noise floor {floor}{'' if args.floor is None else ' (--floor)'}, allowance {shape.allowance:g}, cap "
+          f"{shape.cap:g}, threshold {shape.threshold:g}{'' if shape == SHIPPED else ' (tried)'}")
     print("\nFalse decisions of healthy groups (each answer counted once):\n")
-    print("\n".join(null_rates(null, order, alerts, args.rounds, floor=floor)))
+    print("\n".join(null_rates(null, order, alerts, args.rounds, floor=floor, shape=shape)))
     if changed:
         print("\nAnswers until a changed member is reported (its answers, in order), and until its ticket fires "
               f"({alerts[0].text}):\n")
         asked = sorted({p for m in changed for p in m.answers})
-        print("\n".join(power(changed, null, asked, alerts[0], floor=floor)))
+        print("\n".join(power(changed, null, asked, alerts[0], floor=floor, shape=shape)))
     return 0
 
 

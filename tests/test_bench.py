@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from specwatch.core.evidence import SHIPPED
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
 
@@ -95,10 +97,17 @@ def test_the_peer_power_bench_scores_against_the_floor_it_is_given(tmp_path: Pat
         (pairs,) = [line for line in done.stdout.splitlines() if line.startswith("| 2 | 2 |")]
         return done.stdout.splitlines()[0], int(pairs.split("|")[4])
 
-    # 0.15 a value is 2.5 times a floor of 0.06 (each round adds 1.0: decided by round 18 of 40), 0.75 of one of 0.2.
+    # 0.15 a value is 2.5 times a floor of 0.06 (over the allowance: decided within the 40 rounds), 0.75 of one of 0.2
+    # (under it: never); a test shaped to take 2.6 off each answer never decides at 2.5 either.
     low, high = decisions("--floor", "0.06"), decisions("--floor", "0.2")
-    assert low[0].endswith("noise floor 0.06 (--floor)") and low[1] == 4  # both members of both pairs
-    assert high[0].endswith("noise floor 0.2 (--floor)") and high[1] == 0
+    assert "noise floor 0.06 (--floor)" in low[0] and low[1] == 4  # both members of both pairs
+    assert "noise floor 0.2 (--floor)" in high[0] and high[1] == 0
+    assert SHIPPED.allowance < 2.5 and "(tried)" not in low[0]
+    shaped = decisions("--floor", "0.06", "--allowance", "2.6", "--cap", "3")
+    assert f"allowance 2.6, cap 3, threshold {SHIPPED.threshold:g} (tried)" in shaped[0] and shaped[1] == 0
+    refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--allowance",
+                              "3", "--cap", "2"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "--allowance 3, --cap 2: the allowance is positive and under" in refused.stderr
     refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--floor", "0"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert refused.returncode == 2 and "--floor 0.0: a noise floor is a positive number" in refused.stderr

@@ -4,15 +4,17 @@ pool prompt a round, as many rounds as the test needs to decide, within a bound;
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
+from specwatch.core.evidence import ALLOWANCE, FLOOR, THRESHOLD
 from specwatch.endpoints import Endpoint
 from specwatch.gate.replicas import ROUNDS, SETTLED, render_checks, run_checks
 from specwatch.probe.peerprobe import PATH, prompts
 from specwatch.settings.targets import ServerConfig
 from tests.support.fakes import fake_fleet
-from tests.support.wire import FakeLlama
+from tests.support.wire import TOKEN_PROBABILITY, FakeLlama
 
 
 async def _checks(fakes: dict[str, FakeLlama], **kw: object):
@@ -56,8 +58,10 @@ async def test_answers_that_differ_are_decided_by_the_peer_probe() -> None:
 
 
 async def test_a_difference_the_test_cannot_decide_within_its_bound_is_undecided_never_clean() -> None:
-    # 0.22 nats a token: twice the floor, half a point of evidence a round, for as long as it is asked.
-    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(), "c": FakeLlama.plain(token_probability=0.5618)}
+    # Every listed logprob moved by just over the allowance: half the threshold's worth of evidence in ROUNDS rounds.
+    apart = FLOOR * (ALLOWANCE + THRESHOLD / (2 * ROUNDS))
+    fakes = {"a": FakeLlama.plain(), "b": FakeLlama.plain(),
+             "c": FakeLlama.plain(token_probability=TOKEN_PROBABILITY * math.exp(-apart))}
     report = await _checks(fakes)
     assert (report.verdict, report.exit_code, report.disagreeing, report.undecided) == ("clean", 2, [], ["http://c:8080"])
     assert report.summary.startswith("the peer test has not told whether http://c:8080 answer")

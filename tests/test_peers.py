@@ -159,6 +159,8 @@ def test_the_spread_of_a_burst_is_its_largest_difference() -> None:
     assert spread([answer(), answer((-0.1, -0.3, -0.3, -0.4)), answer((-0.1, -0.2, -0.5, -0.4))]) == pytest.approx(0.075)
 
 
+FEWEST = math.ceil(THRESHOLD / (CAP - ALLOWANCE))
+"""The fewest answers that decide by their sum: each adds CAP - ALLOWANCE at most."""
 STEP = 0.25
 """A small difference that persists: each answer STEP over the allowance."""
 SMALL = math.ceil(THRESHOLD / STEP)
@@ -172,8 +174,8 @@ WORN = math.ceil(2 * (LARGE - ALLOWANCE) / ALLOWANCE)
 @pytest.mark.parametrize(("scores", "total", "decides"), [
     ([ALLOWANCE] * 50, 0.0, False),  # within the noise, however many answers
     ([CAP * 3], CAP - ALLOWANCE, False),  # one answer never decides, however gross
-    ([CAP] * 2, 2 * (CAP - ALLOWANCE), False),
-    ([CAP] * 3, THRESHOLD, True),  # three gross answers in a row do
+    ([CAP] * (FEWEST - 1), (FEWEST - 1) * (CAP - ALLOWANCE), False),
+    ([CAP] * FEWEST, THRESHOLD, True),  # FEWEST large answers in a row do
     ([ALLOWANCE + STEP] * (SMALL - 1), (SMALL - 1) * STEP, False),
     ([ALLOWANCE + STEP] * SMALL, THRESHOLD, True),  # a small difference that persists decides, later
     ([LARGE, LARGE, *[0.0] * WORN, LARGE], LARGE - ALLOWANCE, False),  # answers within the noise wear the evidence down
@@ -200,9 +202,11 @@ def test_gross_answers_among_quiet_ones_decide() -> None:
 
 
 def test_a_decision_holds_until_the_evidence_wears_down_to_nothing() -> None:
-    evidence = Cusum().after(CAP).after(CAP).after(CAP)
+    evidence = Cusum()
+    for _ in range(FEWEST):
+        evidence = evidence.after(CAP)
     assert evidence.decided
-    for _ in range(int(THRESHOLD / ALLOWANCE) - 1):
+    for _ in range(math.ceil(THRESHOLD / ALLOWANCE) - 1):
         evidence = evidence.after(0.0)
         assert evidence.decided, evidence  # an answer within the noise does not undo it
     assert not evidence.after(0.0).decided  # a run of them does
@@ -242,7 +246,7 @@ def test_a_busy_member_is_held_to_its_own_noise_within_bounds() -> None:
     busy = answer((-0.1, -0.55, -0.65, -0.75))  # 0.2625 a value off, as a busy member's batching moves it
     peers = group(answer(), busy, answer(), answer(), noise=0.01, rounds=60)
     assert decided(peers).members["r1"].agreement is False  # 2.4 times the floor, answer after answer: it decides
-    peers["r1"] = Peer(Q4KM, peers["r1"].answers, 0.2)  # its copies part by 0.2: that is its load, not its weights
+    peers["r1"] = Peer(Q4KM, peers["r1"].answers, 0.25)  # its copies part by 0.25: its load, not its weights
     judged = decided(peers).members["r1"]
     assert judged.agreement is True and not judged.noisy
 
@@ -396,7 +400,8 @@ def test_the_verdicts_document_shows_a_standing() -> None:
     shown = peers_entry(Standing("gemma", members["r1"], False, True))
     assert (shown.agreement, shown.kind, shown.held_against, shown.evidence, shown.split) == (
         False, ANSWERS, ["r0"], 1.0, True)
-    off = answer((-0.1, -0.4, -0.5, -0.6))  # 0.15 a value: 1.4 times the floor, wearing nothing down
+    shift = 0.4 / 3
+    off = answer((-0.1, -0.2 - shift, -0.3 - shift, -0.4 - shift))  # 0.1 a value: the floor, within the allowance
     pending = peers_entry(Standing("gemma", decided(group(answer(), off, answer(), answer())).members["r1"], True, False))
     assert (pending.agreement, pending.kind, pending.held_against, pending.evidence) == (True, None, [], 0.0)
 

@@ -27,18 +27,22 @@ FLOOR = 0.10
 """The least noise (nats per token compared) a member's score is taken against, whatever its group measured: replicas
 of one model that differ in how they were deployed (another build, a q8_0 KV cache, another thread count) answer a
 little apart without batching at all. The smallest step of 0.01 at which the resampled null of a tuning recording
-opened at most 0.1 false tickets a group a month, bounds included, in groups of 2, 4 and 16 (0.09 opened up to 2.1;
-bench/README.md)."""
-ALLOWANCE = 1.5
-"""What each answer takes off the sum: an answer must stand more than 1.5 times the noise off its group to add to it."""
-CAP = 8.0
-"""The most one answer adds (its score, capped): a gross difference decides in three answers, never in one."""
-THRESHOLD = 18.0
+opened at most 0.1 false tickets a group a month, bounds included, in groups of 2, 4 and 16 (bench/README.md)."""
+ALLOWANCE = 1.15
+"""What each answer takes off the sum: an answer must stand more than 1.15 times the noise off its group to add to it.
+A q8_0 KV cache's answers stand about 0.9 times the floor off a plain replica's, a weight change worth 0.03 nats to an
+eval's about 1.3 times (bench/README.md: the shape was chosen on the tuning recording)."""
+CAP = 1.55
+"""The most one answer adds (its score, capped): a fifth of the threshold over the allowance, so no fewer than five
+answers decide by their sum, and a healthy member's rare far answer (a near-tie parted at the first token) adds
+little more than a changed member's typical one."""
+THRESHOLD = 2.0
 """The sum at which the test decides that a member differs."""
 GROSS = 8.0
 """A score this large is gross: far beyond any noise its group showed on that question."""
 GROSS_ROUNDS, GROSS_WINDOW = 3, 24
-"""GROSS_ROUNDS gross answers among a member's last GROSS_WINDOW decide, whatever the answers between them added."""
+"""GROSS_ROUNDS gross answers among a member's last GROSS_WINDOW decide, whatever the answers between them added: a
+gross difference decides in three answers."""
 NOISY = 4.0
 """A member whose own noise stands this many times over its group's is reported as noisy, and is held to its group's
 noise times this at most: a member noisy beyond that (a bad member among them) cannot raise the bar it is held to."""
@@ -156,6 +160,19 @@ def spread(answers: list[Logprobs]) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Shape:
+    """The sequential test's constants: what each answer takes off the sum, the most it adds, and where it decides."""
+
+    allowance: float = ALLOWANCE
+    cap: float = CAP
+    threshold: float = THRESHOLD
+
+
+SHIPPED = Shape()
+"""The shape every comparison uses (a bench tries others on a tuning recording)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Cusum:
     """A member's evidence that it answers unlike its group: the CUSUM of its scores, answer after answer."""
 
@@ -170,23 +187,25 @@ class Cusum:
     """Questions in a row its group answered and it did not (or answered with nothing to compare)."""
     decided: bool = False
     """The member differs: the sum reached the threshold (or GROSS_ROUNDS of its last answers were gross), and has not
-    worn down to nothing since (an answer or two within the noise do not undo a decision; THRESHOLD / ALLOWANCE of them
+    worn down to nothing since (an answer or two within the noise do not undo a decision; threshold / allowance of them
     in a row do)."""
+    shape: Shape = SHIPPED
 
     def after(self, score: float) -> Cusum:
         """This evidence with one more answer's score counted (kept within 0 and the threshold)."""
         if math.isnan(score):
             return self.missing()
-        total = min(THRESHOLD, max(0.0, self.total + min(score, CAP) - ALLOWANCE))
+        shape = self.shape
+        total = min(shape.threshold, max(0.0, self.total + min(score, shape.cap) - shape.allowance))
         gross = (*self.gross, score >= GROSS)[-GROSS_WINDOW:]
         if score >= GROSS and sum(gross) >= GROSS_ROUNDS:
-            total = THRESHOLD  # then worn down as any decision is: a gross answer long ago does not hold it
-        decided = total >= THRESHOLD or (self.decided and total > 0.0)
-        return Cusum(total, self.answers + 1, score, gross, 0, decided)
+            total = shape.threshold  # then worn down as any decision is: a gross answer long ago does not hold it
+        decided = total >= shape.threshold or (self.decided and total > 0.0)
+        return Cusum(total, self.answers + 1, score, gross, 0, decided, shape)
 
     def missing(self) -> Cusum:
         """This evidence after a question its group answered and it did not."""
-        return Cusum(self.total, self.answers, self.last, self.gross, self.missed + 1, self.decided)
+        return Cusum(self.total, self.answers, self.last, self.gross, self.missed + 1, self.decided, self.shape)
 
     @property
     def lapsed(self) -> bool:
@@ -196,4 +215,4 @@ class Cusum:
     @property
     def share(self) -> float:
         """How far towards the threshold, from 0 to 1."""
-        return self.total / THRESHOLD
+        return self.total / self.shape.threshold

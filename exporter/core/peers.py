@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 from ..probe.llama import META_FIELDS
 from ..probe.logprobs import Logprobs
 from ..probe.peerprobe import prompt
-from .evidence import FLOOR, NOISY, Cusum, Difference, difference
+from .evidence import FLOOR, NOISY, SHIPPED, Cusum, Difference, Shape, difference
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
@@ -274,15 +274,19 @@ def score_round(answers: Mapping[K, Logprobs], noise: Mapping[K, float | None], 
 class Comparing(Generic[K]):
     """One group's test across rounds, the daemon's and check's alike: each round counted once, each member's evidence."""
 
-    def __init__(self, reference: Reference | None = None, *, salt: int | None = None, floor: float = FLOOR) -> None:
+    def __init__(self, reference: Reference | None = None, *, salt: int | None = None, floor: float = FLOOR,
+                 shape: Shape = SHIPPED) -> None:
         self.reference = reference
         self.floor = floor
         """The least noise a member is scored against (core.evidence.FLOOR unless a bench tries another)."""
+        self.shape = shape
+        """The sequential test's constants (core.evidence.SHIPPED unless a bench tries another)."""
         self.salt = salt
         """The draw of prompts its rounds asked (peerprobe.prompt): this process's unless told."""
         self.evidence: dict[K, Cusum] = {}
         self.through: int | None = None
         """The last round counted."""
+        self._fresh = Cusum(shape=shape)
         self._said: dict[K, str] = {}
         self._noisy: dict[K, bool] = {}
 
@@ -320,7 +324,7 @@ class Comparing(Generic[K]):
                              floor=self.floor)
         against = "the reference" if reference is not None else "its group"
         for k in answering:
-            before = self.evidence.get(k, Cusum())
+            before = self.evidence.get(k, self._fresh)
             found = scored.get(k)
             if found is None:
                 # Another answered and it did not, or its answer had nothing to compare (all fill-ins, no tokens):
@@ -341,12 +345,12 @@ class Comparing(Generic[K]):
         answering = {k for k, p in peers.items() if p.fingerprint is not None}
         if len(answering) >= 2 or (answering and self.reference is not None):
             compared |= answering
-        differ = {k for k in compared if k in found or self.evidence.get(k, Cusum()).decided}
+        differ = {k for k in compared if k in found or self.evidence.get(k, self._fresh).decided}
         agree = compared - differ
         results: dict[K, Comparison[K]] = {}
         for k in peers:
             deployment = shown[k].detail if k in shown else ""
-            evidence = self.evidence.get(k, Cusum())
+            evidence = self.evidence.get(k, self._fresh)
             noisy = self._noisy.get(k, False)
             said = self._said.get(k, "")
             if k in found:
