@@ -24,6 +24,7 @@ given the running mean of how far its two takes of a prompt parted (minutes apar
 noise), a one-slot member none.
 
     python -m bench.peer_power --recording held.jsonl.gz
+    python -m bench.peer_power --recording tune.jsonl.gz --floor 0.09 --allowance 1.1 --cap 1.6 --threshold 2
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import re
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -356,9 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = FLOOR if args.floor is None else args.floor
     if not 0.0 < floor < 10.0:
         parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a token, under 10")
-    shape = Shape(*(SHIPPED.allowance if args.allowance is None else args.allowance,
-                    SHIPPED.cap if args.cap is None else args.cap,
-                    SHIPPED.threshold if args.threshold is None else args.threshold))
+    tried = {"allowance": args.allowance, "cap": args.cap, "threshold": args.threshold}
+    shape = replace(SHIPPED, **{name: value for name, value in tried.items() if value is not None})
     if not 0.0 < shape.allowance < shape.cap:
         parser.error(f"--allowance {shape.allowance:g}, --cap {shape.cap:g}: the allowance is positive and under the "
                      "cap, or no answer ever adds to the sum")
