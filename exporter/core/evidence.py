@@ -114,13 +114,20 @@ def _alternatives_moved(a: Logprobs, b: Logprobs, index: int, chosen: float) -> 
         if values_a == values_b:
             return 0.0
         return sum([abs(x - y) for x, y in zip(values_a, values_b, strict=True)]) / len(texts_a)
-    total, count = 0.0, 0
-    for text, value in zip(texts_a, values_a, strict=True):
-        other = b.value_of(index, text)
-        if other is not None:
-            total += abs(value - other)
-            count += 1
+    total, count = _common_moved(a, b, index)
     return total / count if count else chosen
+
+
+def _common_moved(a: Logprobs, b: Logprobs, index: int) -> tuple[float, int]:
+    """The summed absolute difference of the values both answers give the alternatives both list at `index`, and how
+    many those are."""
+    total, count = 0.0, 0
+    for at in range(a.starts[index], a.starts[index + 1]):
+        other = b.value_of(index, a.alternative_texts[at])
+        if other is not None:
+            total += abs(a.alternative_values[at] - other)
+            count += 1
+    return total, count
 
 
 def _parting_moved(a: Logprobs, b: Logprobs, index: int) -> float | None:
@@ -128,12 +135,7 @@ def _parting_moved(a: Logprobs, b: Logprobs, index: int) -> float | None:
     side's chosen token counted too where the other does not list it (at most as likely as the other's lowest
     alternative: a lower bound of its move, so that two answers sure of different tokens stand far apart); None where
     they list nothing in common."""
-    total, count = 0.0, 0
-    for at in range(a.starts[index], a.starts[index + 1]):
-        other = b.value_of(index, a.alternative_texts[at])
-        if other is not None:
-            total += abs(a.alternative_values[at] - other)
-            count += 1
+    total, count = _common_moved(a, b, index)
     if not count:
         return None
     for side, other in ((a, b), (b, a)):
