@@ -191,6 +191,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="hold the servers' answers to a trusted server's, recorded with `specwatch reference URL "
                             "--out FILE`: one server is compared too, and the odd one of a pair is named (every model "
                             "checked is held to it: give servers of the reference's model)")
+    check.add_argument("--uniform", action="store_true",
+                       help="the servers are replicas deployed alike (one build, backend, KV cache type and set of "
+                            "numeric flags; slots, threads and load may differ): compared at the lower noise floor a "
+                            "daemon holds its peer_uniform groups to, so a weight change worth 0.03 nats to an eval is "
+                            "told apart (while they report one build)")
     check.add_argument("--json", action="store_true", help="print a machine-readable verdict")
     asking = check.add_argument_group(CHECK.say(ASKING))
     for option in OPTIONS:

@@ -268,6 +268,11 @@ def test_the_command_line(fleet: Served, capsys) -> None:
      "--api-key-env, --endpoint cannot be used with --exporter: --exporter sends no canary"),
     (["check", "--exporter", "http://b:2", "--reference", "r.json"],
      "--reference cannot be used with --exporter: a daemon holds a group to a reference file in its config"),
+    (["check", "--exporter", "http://b:2", "--uniform"],
+     "--uniform cannot be used with --exporter: a daemon holds a group declared deployed alike in its config"),
+    (["check", "http://a:1", "http://a:2", "--uniform", "--reference", "r.json"],
+     "--uniform cannot be used with --reference: a group held to a reference file is compared at the usual floor"),
+    (["check", "http://a:1", "--uniform"], "--uniform compares replicas with each other: give two URLs or more"),
     (["check", "http://a:1", "--reference", "/nonexistent/r.json"],
      "--reference /nonexistent/r.json: no such file (record one with `specwatch reference URL --out"),
 ])

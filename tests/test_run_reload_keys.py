@@ -46,6 +46,7 @@ CHANGES: dict[str, tuple[Any, Callable[[Daemon], bool]]] = {
     # "{tmp}" is the test's own directory, where a target file waits.
     "file_sd_configs": ([{"files": ["{tmp}/targets-*.json"]}], lambda d: "10.9.9.9:8080" in {s.config.name for s in d.fleet.snapshot()}),
     "http_sd_configs": ([{"url": "http://127.0.0.1:9/sd"}], lambda d: [s.source for s in d.discovery.status()] == ["http_sd[0]"]),
+    "peer_uniform": (["tiny"], lambda d: d.watcher.peers.uniform == {"tiny"}),
     "peer_references": ({"tiny": "{tmp}/tiny.reference.json"}, lambda d: list(d.watcher.peers.references) == ["tiny"]),
 }
 

@@ -138,6 +138,10 @@ BAD_CONFIGS = [
      "not valid YAML: key 'canary_interval' given twice (first at line 3, column 1) at line 4, column 1"),
     ("servers:\n  - {name: a, url: 'http://h:1', name: b}\n",
      "not valid YAML: key 'name' given twice (first at line 2, column 6) at line 2, column 34"),
+    ("servers:\n  - {name: a, url: 'http://h:1'}\npeer_uniform: ['']\n",
+     "peer_uniform: a peer group's name is not empty: list the groups as peer_group or the model name names them, e.g. "
+     "peer_uniform: [gemma]"),
+    ("servers:\n  - {name: a, url: 'http://h:1'}\npeer_uniform: gemma\n", "peer_uniform: Input should be a valid list"),
 ]
 
 

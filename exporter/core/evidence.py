@@ -29,6 +29,12 @@ of one model that differ in how they were deployed (another build, a q8_0 KV cac
 little apart without batching at all. The smallest step of 0.01 at which the resampled null of a tuning recording
 opened at most 0.1 false tickets a group a month, bounds included, in groups of 2, 4 and 16, at the shipped shape
 below (0.09 opened up to 0.73; bench/README.md)."""
+UNIFORM_FLOOR = 0.07
+"""The floor of a group declared deployed alike (peer_uniform: one build, backend, KV cache type and set of numeric
+flags; slots, threads and load may differ), while every member reports one build: batching is then the noise between
+healthy replicas, and what FLOOR leaves room for (a q8_0 KV cache, another build) is itself a difference. The smallest
+step of 0.01 at which the resampled null of such groups in the tuning recording opened at most 0.1 false tickets a
+group a month, bounds included, in groups of 2, 4 and 16, at the shipped shape (0.06 opened more; bench/README.md)."""
 ALLOWANCE = 1.15
 """What each answer takes off the sum: an answer must stand more than 1.15 times the noise off its group to add to it.
 A q8_0 KV cache's answers stand about 0.9 times the floor off a plain replica's, a weight change worth 0.03 nats to an

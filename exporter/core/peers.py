@@ -275,10 +275,13 @@ class Comparing(Generic[K]):
     """One group's test across rounds, the daemon's and check's alike: each round counted once, each member's evidence."""
 
     def __init__(self, reference: Reference | None = None, *, salt: int | None = None, floor: float = FLOOR,
-                 shape: Shape = SHIPPED) -> None:
+                 uniform: float | None = None, shape: Shape = SHIPPED) -> None:
         self.reference = reference
         self.floor = floor
         """The least noise a member is scored against (core.evidence.FLOOR unless a bench tries another)."""
+        self.uniform = uniform
+        """The floor instead while every member answering reports one build, in a group declared deployed alike
+        (core.evidence.UNIFORM_FLOOR, or a bench's try); None: it is not declared so."""
         self.shape = shape
         """The sequential test's constants (core.evidence.SHIPPED unless a bench tries another)."""
         self.salt = salt
@@ -321,7 +324,7 @@ class Comparing(Generic[K]):
         if not answers:
             return
         scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference,
-                             floor=self.floor)
+                             floor=self.floor_among(answering.values()))
         against = "the reference" if reference is not None else "its group"
         for k in answering:
             before = self.evidence.get(k, self._fresh)
@@ -337,6 +340,15 @@ class Comparing(Generic[K]):
             parting = f", parting at token {found.parted}" if found.parted is not None else ""
             self._said[k] = (f"round {question}: {found.distance:.3f} nats from {against}{parting}, "
                              f"{found.score:.1f} times the noise ({found.noise:.3f})")
+
+    def floor_among(self, answering: Collection[Peer]) -> float:
+        """The floor a round is scored at: the uniform one where the group is declared deployed alike, is held to no
+        reference file (whose deployment nobody declared) and every member reports one build; FLOOR's otherwise, a
+        rolling upgrade's builds answering as far apart as any deployments do."""
+        if self.uniform is None or self.reference is not None:
+            return self.floor
+        builds = {p.fingerprint.build for p in answering if p.fingerprint is not None}
+        return self.uniform if len(builds) == 1 and "" not in builds else self.floor
 
     def judge(self, peers: Mapping[K, Peer]) -> Judgement[K]:
         """Each member's standing now: the file's content first, then the evidence its answers gave."""

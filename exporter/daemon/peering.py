@@ -3,12 +3,12 @@ round counted once its members have all had their turn (core.peers.Comparing kee
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import structlog
 
-from ..core.evidence import MISSED
+from ..core.evidence import MISSED, UNIFORM_FLOOR
 from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Reference, Standing, asked, member_name
 from ..core.state import Fleet, ModelState
 from ..probe.llama import Props
@@ -30,7 +30,8 @@ class PeerBoard:
     """Which group each watched model is in, which groups changed since compared, and the comparing itself."""
 
     def __init__(self, fleet: Fleet, monotonic: Callable[[], float], clock: Callable[[], float], *, max_gap: float,
-                 interval: float, references: Mapping[str, Reference] | None = None) -> None:
+                 interval: float, references: Mapping[str, Reference] | None = None,
+                 uniform: Collection[str] = ()) -> None:
         self._fleet = fleet
         self._monotonic = monotonic
         self._clock = clock
@@ -41,6 +42,8 @@ class PeerBoard:
         """Each group's test, across rounds."""
         self.references: Mapping[str, Reference] = references or {}
         """The groups held to a reference file, by group."""
+        self.uniform = frozenset(uniform)
+        """The groups declared deployed alike (peer_uniform)."""
         self._groups: dict[str, set[Member]] = {}
         self._by_server: dict[str, dict[str, str]] = {}
         """Each server's models by key, with their group."""
@@ -63,13 +66,16 @@ class PeerBoard:
         name may be split over shards, where a part would hold a good replica against a bad one. Prometheus compares
         those by fingerprint across shards (alerts/specwatch.rules.yml)."""
 
-    def configure(self, *, max_gap: float, interval: float, references: Mapping[str, Reference]) -> None:
-        """Reloaded settings: every group is compared again under them (another interval, or another reference, starts
-        a group's rounds anew)."""
+    def configure(self, *, max_gap: float, interval: float, references: Mapping[str, Reference],
+                  uniform: Collection[str] = ()) -> None:
+        """Reloaded settings: every group is compared again under them (another interval, another reference, or a
+        group declared deployed alike or no longer, starts a group's rounds anew)."""
+        uniform = frozenset(uniform)
         for group in list(self._tests):
-            if interval != self.interval or self.references.get(group) is not references.get(group):
+            if (interval != self.interval or self.references.get(group) is not references.get(group)
+                    or (group in uniform) != (group in self.uniform)):
                 del self._tests[group]
-        self.max_gap, self.interval, self.references = max_gap, interval, references
+        self.max_gap, self.interval, self.references, self.uniform = max_gap, interval, references, uniform
         self._dirty.update(self._groups)
         self._reshaped.update(self._groups)
         self._compared_at.clear()
@@ -189,7 +195,8 @@ class PeerBoard:
     def _compare(self, group: str, members: set[Member]) -> None:
         test = self._tests.get(group)
         if test is None:
-            test = self._tests[group] = Comparing(self.references.get(group))
+            test = self._tests[group] = Comparing(self.references.get(group),
+                                                  uniform=UNIFORM_FLOOR if group in self.uniform else None)
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
         before: dict[Member, Standing | None] = {}

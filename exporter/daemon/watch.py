@@ -71,7 +71,8 @@ class Watcher(Runner):
         self._closed = False
         self._streaks: dict[tuple[str, ...], _Streak] = {}
         self.peers = PeerBoard(fleet, monotonic, clock, max_gap=settings.poll_interval,
-                               interval=settings.canary_interval, references=references or {})
+                               interval=settings.canary_interval, references=references or {},
+                               uniform=settings.peer_uniform)
         self.peers.expect({s.config.name for s in fleet.snapshot()})
 
     @property
@@ -108,7 +109,8 @@ class Watcher(Runner):
         names = {s.name for s in servers}
         self._streaks = {key: streak for key, streak in self._streaks.items() if key[1] in names}
         self.peers.configure(max_gap=settings.poll_interval, interval=settings.canary_interval,
-                             references=self.peers.references if references is None else references)
+                             references=self.peers.references if references is None else references,
+                             uniform=settings.peer_uniform)
         self.peers.forget(before - names)
         self.peers.expect(names - before)
         for name in names:

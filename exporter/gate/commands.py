@@ -23,6 +23,14 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if args.reference is not None and args.exporters:
         return ("--reference cannot be used with --exporter: a daemon holds a group to a reference file in its config "
                 "(peer_references: {GROUP: FILE})")
+    if args.uniform and args.exporters:
+        return ("--uniform cannot be used with --exporter: a daemon holds a group declared deployed alike in its config "
+                "(peer_uniform: [GROUP])")
+    if args.uniform and args.reference is not None:
+        return ("--uniform cannot be used with --reference: a group held to a reference file is compared at the usual "
+                "floor, the reference's deployment being nobody's declaration")
+    if args.uniform and len(args.urls) < 2:
+        return "--uniform compares replicas with each other: give two URLs or more"
     return mode_problem(values, url=args.urls, spelling=CHECK) or exporter_flags_problem(values, CHECK)
 
 
@@ -66,7 +74,7 @@ def _checked(args: argparse.Namespace) -> int:
     endpoints = [Endpoint(e) for e in args.endpoints] if args.endpoints else list(Endpoint)
     if len(servers) > 1 or held_to is not None:
         checks = loop.run(run_checks(servers, endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,
-                                        load=args.load, reference=held_to))
+                                        load=args.load, reference=held_to, uniform=args.uniform))
         print(json.dumps(checks.as_json(), indent=2) if args.json else render_checks(checks))
         return checks.exit_code
     report = loop.run(run_check(servers[0], endpoints=endpoints, tokens=args.tokens, timeout=args.timeout,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.evidence import Cusum
+from ..core.evidence import UNIFORM_FLOOR, Cusum
 from ..core.peers import Comparing, Judgement, Peer, Reference, Standing, asked, member_name
 from ..core.report import PeersEntry, peers_entry
 from ..core.runner import Runner
@@ -69,9 +69,11 @@ class _Member:
 
 async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], tokens: int, timeout: float,
                      max_bytes: int = 4 * 1024 * 1024, connect: Callable[[], Client] = new_client,
-                     load: bool = False, spelling: Spelling = CHECK, reference: Reference | None = None) -> ChecksReport:
+                     load: bool = False, spelling: Spelling = CHECK, reference: Reference | None = None,
+                     uniform: bool = False) -> ChecksReport:
     """Check every server, then compare the models that report one name, as the daemon compares a peer group (and each
-    of them with `reference`, where given: a model alone is compared then too)."""
+    of them with `reference`, where given: a model alone is compared then too; at UNIFORM_FLOOR where declared
+    `uniform`, as a peer_uniform group is)."""
     reports: list[CheckReport] = []
     groups: dict[str, dict[str, _Member]] = {}
     for server in servers:
@@ -91,7 +93,7 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
         async with connect() as http:
             fetcher = Fetcher(http, max_bytes)
             for group, members in compared.items():
-                judgement = await _decided(members, fetcher, reference)
+                judgement = await _decided(members, fetcher, reference, uniform)
                 agreement, split = judgement.agreement, judgement.split  # once: each reads every member
                 standings |= {n: Standing(group, c, agreement, split)
                               for n, c in judgement.members.items()}
@@ -108,10 +110,11 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
     return report
 
 
-async def _decided(members: dict[str, _Member], fetcher: Fetcher, reference: Reference | None) -> Judgement[str]:
+async def _decided(members: dict[str, _Member], fetcher: Fetcher, reference: Reference | None,
+                   uniform: bool = False) -> Judgement[str]:
     """Ask the group's members the peer probe, one prompt a round (one the reference recorded, if held to one), until
     the test settles each of them, or ROUNDS."""
-    test: Comparing[str] = Comparing(reference)
+    test: Comparing[str] = Comparing(reference, uniform=UNIFORM_FLOOR if uniform else None)
     judgement: Judgement[str] = Judgement({})
     for question in range(ROUNDS):
         questions = [(question, asked(question, reference))]

@@ -186,6 +186,11 @@ class Settings(BaseModel):
     peer_references: dict[str, Path] = Field(default_factory=dict)
     """Peer group -> a reference file (`specwatch reference`): the group is held to a trusted server's recorded answers,
     which names the odd member of a pair and catches a group that is all wrong alike."""
+    peer_uniform: list[str] = Field(default_factory=list)
+    """Peer groups whose replicas are deployed alike (one build, backend, KV cache type and set of numeric flags; slots,
+    threads and load may differ): held to a lower noise floor (core.evidence.UNIFORM_FLOOR) while every member reports
+    one build, so a weight change worth 0.03 nats to an eval is reported within a few answers; a replica deployed
+    otherwise (a q8_0 KV cache) is reported too, in some tens of answers."""
     file_sd_configs: list[FileSDConfig] = Field(default_factory=list)
     http_sd_configs: list[HttpSDConfig] = Field(default_factory=list)
 
@@ -210,6 +215,15 @@ class Settings(BaseModel):
         if not endpoints:
             raise ValueError("at least one canary endpoint is required")
         return list(dict.fromkeys(endpoints))
+
+    @field_validator("peer_uniform")
+    @classmethod
+    def _check_uniform(cls, groups: list[str]) -> list[str]:
+        for group in groups:
+            if not group.strip():
+                raise ValueError("a peer group's name is not empty: list the groups as peer_group or the model name "
+                                 "names them, e.g. peer_uniform: [gemma]")
+        return list(dict.fromkeys(groups))
 
     @field_validator("shard")
     @classmethod
