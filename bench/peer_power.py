@@ -41,7 +41,7 @@ from typing import Any
 
 from bench.peer_record import read
 from specwatch.core.answered import NOISE_SAMPLES
-from specwatch.core.evidence import FLOOR, GROSS, GROSS_ROUNDS, GROSS_WINDOW, SHIPPED, Shape, difference
+from specwatch.core.evidence import FLOOR, GROSS, GROSS_ROUNDS, GROSS_WINDOW, SHIPPED, UNIFORM_FLOOR, Shape, difference
 from specwatch.core.peers import Comparing, Fingerprint, Peer
 from specwatch.probe.logprobs import Logprobs, logprobs_of
 from specwatch.probe.readers import Token
@@ -73,7 +73,12 @@ class Process:
 
     def __init__(self, name: str, header: dict[str, Any], answers: dict[int, Logprobs], other: dict[int, Logprobs]):
         self.name = name
-        self.slots = int(header["config"]["parallel"])
+        config = header["config"]
+        self.slots = int(config["parallel"])
+        self.build = str(config.get("build", ""))
+        self.alike = config.get("kv", "f16") == "f16" and config.get("draft") is None
+        """Deployed as the plain replica is (f16 KV cache, no drafting), whatever its build, slots, threads and load:
+        what a group declared deployed alike (peer_uniform) may hold."""
         self.answers = answers
         self._other = other
         self._spreads: list[float] = []
@@ -103,19 +108,32 @@ def processes(headers: dict[str, Any], answers: dict[str, dict[tuple[int, int], 
     return sorted(found, key=lambda p: (p.name.split("#")[1], p.name))
 
 
+@dataclass(frozen=True)
+class Tried:
+    """The test as run: the shipped constants, unless a bench tries others on a tuning recording."""
+
+    floor: float = FLOOR
+    uniform: float | None = None
+    """The floor of a group declared deployed alike (peer_uniform); None: the group is not."""
+    shape: Shape = SHIPPED
+
+    def comparing(self) -> Comparing[str]:
+        return Comparing(floor=self.floor, uniform=self.uniform, shape=self.shape)
+
+
 def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None,
         scores: dict[str, list[float]] | None = None,
-        states: dict[str, list[bool]] | None = None, *, floor: float = FLOOR,
-        shape: Shape = SHIPPED) -> tuple[list[int], int | None]:
+        states: dict[str, list[bool]] | None = None, *, tried: Tried = Tried()) -> tuple[list[int], int | None]:
     """The rounds at which any member's decision began (a false one in a healthy group), and the round `watched` was
     first decided at (None if never); each member's score of each round it was scored on goes into `scores`, and
     whether it stood decided after each round into `states`."""
-    test: Comparing[str] = Comparing(floor=floor, shape=shape)
+    test = tried.comparing()
     decided: dict[str, bool] = {}
     starts: list[int] = []
     first: int | None = None
+    prints = {m.name: replace(PRINT, build=m.build) for m in members}
     for at, prompt in enumerate(prompts):
-        peers = {m.name: Peer(PRINT, {at: m.answers[prompt]} if prompt in m.answers else {}, m.noise(prompt), at)
+        peers = {m.name: Peer(prints[m.name], {at: m.answers[prompt]} if prompt in m.answers else {}, m.noise(prompt), at)
                  for m in members}
         before = {name: evidence.answers for name, evidence in test.evidence.items()}
         test.count(peers, before=at + 1)
@@ -233,9 +251,18 @@ def resampled(scores: dict[str, list[float]], alerts: Sequence[Alert], size: int
     return seen, streams * rounds, tickets, [w / (groups * rounds) for w in worst]
 
 
+def dealt(null: Sequence[Process], size: int, *, by_build: bool = False) -> list[list[Process]]:
+    """The healthy processes dealt into disjoint groups of `size` in order; with `by_build`, each group of one build
+    (a group declared deployed alike runs one build, but while a rollout goes through it)."""
+    lists = [[p for p in null if p.build == b] for b in dict.fromkeys(p.build for p in null)] if by_build else [null]
+    return [members[i:i + size] for members in lists for i in range(0, len(members) - size + 1, size)]
+
+
 def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Alert],
-               resampled_rounds: int = 10_000, *, floor: float = FLOOR, shape: Shape = SHIPPED) -> list[str]:
-    """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size."""
+               resampled_rounds: int = 10_000, *, tried: Tried = Tried()) -> list[str]:
+    """The healthy groups' false decisions, and the tickets the alert would have opened on them, by group size. A size
+    the recording holds no group of (a group declared alike is of one build) is resampled from the scores of the
+    largest size it holds."""
     lines = ["| group size | groups (disjoint) | member-hours watched | false decisions | average run length to a false "
              "decision, member-hours | P(false decision in a process's first 10 rounds) | resampled: member-hours, "
              "decisions, average run length | scores over the allowance, largest |",
@@ -243,21 +270,29 @@ def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Ale
     ticket_lines = ["| group size | alert | tickets seen (group-hours) | false tickets per group per month (95% bound) "
                     "| resampled: tickets, false tickets per group per month (bootstrap bound) |",
                     "|---|---|---|---|---|"]
+    shape = tried.shape
+    largest: tuple[int, dict[str, list[float]]] | None = None
     for size in SIZES:
-        groups = [null[i:i + size] for i in range(0, len(null) - size + 1, size)]
+        groups = dealt(null, size, by_build=tried.uniform is not None)
         if not groups:
-            lines.append(f"| {size} | too few processes ({len(null)}) | | | | | | |")
+            if largest is None:
+                lines.append(f"| {size} | too few processes ({len(null)}) | | | | | | |")
+                continue
+            sim_text, sim_cells = _resampled_cells(largest[1], size, alerts, resampled_rounds, shape)
+            lines.append(f"| {size} | none of one build: resampled from groups of {largest[0]} | | | | | {sim_text} | |")
+            ticket_lines += [f"| {size} | {alert.text} | | | {cell} |" for alert, cell in zip(alerts, sim_cells, strict=True)]
             continue
         events, early = 0, 0
         scores: dict[str, list[float]] = {}
         seen_tickets = [0] * len(alerts)
         for members in groups:
             states: dict[str, list[bool]] = {}
-            starts, _ = run(members, prompts, scores=scores, states=states, floor=floor, shape=shape)
+            starts, _ = run(members, prompts, scores=scores, states=states, tried=tried)
             events += len(starts)
             early += sum(1 for s in starts if s < FIRST)
             for a, alert in enumerate(alerts):
                 seen_tickets[a] += len(alert.tickets(list(states.values())))
+        largest = (size, scores)
         rounds = len(prompts)
         member_hours = len(groups) * size * rounds * INTERVAL / 3600
         group_hours = len(groups) * rounds * INTERVAL / 3600
@@ -268,22 +303,33 @@ def null_rates(null: list[Process], prompts: Sequence[int], alerts: Sequence[Ale
         p_first = f"{early / processes_started:.3f} (bound {min(1.0, _bound(early, processes_started)):.3f})"
         every = [x for v in scores.values() for x in v]
         over = f"{sum(1 for x in every if x > shape.allowance) / len(every):.1%} of {len(every)}, {max(every):.2f}"
-        found, member_rounds, tickets, worst = resampled(scores, alerts, size, rounds=resampled_rounds, shape=shape)
-        sim_hours = member_rounds * INTERVAL / 3600
-        sim_group_hours = sim_hours / size
-        rate = (found or 3.0) / sim_hours  # none seen: the rule of three
-        sim_arl = f"{'> ' if not found else ''}{1 / rate:,.0f}"
-        lines.append(f"| {size} | {len(groups)} | {member_hours:.1f} | {events} | {arl} | {p_first} | "
-                     f"{sim_hours:,.0f}, {found}, {sim_arl} | {over} |")
+        sim_text, sim_cells = _resampled_cells(scores, size, alerts, resampled_rounds, shape)
+        lines.append(f"| {size} | {len(groups)} | {member_hours:.1f} | {events} | {arl} | {p_first} | {sim_text} | "
+                     f"{over} |")
         for a, alert in enumerate(alerts):
             per_month = seen_tickets[a] / group_hours * HOURS_PER_MONTH
             bound = _bound(seen_tickets[a], group_hours) * HOURS_PER_MONTH
-            sim = tickets[a] / sim_group_hours * HOURS_PER_MONTH
-            sim_bound = max(worst[a] * 3600 / INTERVAL, _bound(tickets[a], sim_group_hours)) * HOURS_PER_MONTH
             ticket_lines.append(f"| {size} | {alert.text} | {seen_tickets[a]} ({group_hours:.1f}) | {per_month:.2f} "
-                                f"({bound:.1f}) | {tickets[a]}, {sim:.3f} ({sim_bound:.3f}) |")
+                                f"({bound:.1f}) | {sim_cells[a]} |")
     return [*lines, "", "Tickets the alert would have opened on them (one per group, however many members differ):", "",
             *ticket_lines]
+
+
+def _resampled_cells(scores: dict[str, list[float]], size: int, alerts: Sequence[Alert], rounds: int,
+                     shape: Shape) -> tuple[str, list[str]]:
+    """The resampled null of groups of `size`: member-hours, decisions and run length; and per alert, tickets and false
+    tickets per group per month (bootstrap bound)."""
+    found, member_rounds, tickets, worst = resampled(scores, alerts, size, rounds=rounds, shape=shape)
+    sim_hours = member_rounds * INTERVAL / 3600
+    sim_group_hours = sim_hours / size
+    rate = (found or 3.0) / sim_hours  # none seen: the rule of three
+    text = f"{sim_hours:,.0f}, {found}, {'> ' if not found else ''}{1 / rate:,.0f}"
+    cells = []
+    for a in range(len(alerts)):
+        sim = tickets[a] / sim_group_hours * HOURS_PER_MONTH
+        sim_bound = max(worst[a] * 3600 / INTERVAL, _bound(tickets[a], sim_group_hours)) * HOURS_PER_MONTH
+        cells.append(f"{tickets[a]}, {sim:.3f} ({sim_bound:.3f})")
+    return text, cells
 
 
 def _spread(found: list[int | None]) -> str:
@@ -297,10 +343,12 @@ def _spread(found: list[int | None]) -> str:
 
 
 def power(changed: list[Process], null: list[Process], prompts: Sequence[int], alert: Alert, *,
-          floor: float = FLOOR, shape: Shape = SHIPPED) -> list[str]:
+          tried: Tried = Tried()) -> list[str]:
     by_name = {p.name.split("#")[0]: p for p in null if p.name.endswith("#0")}
     pools = {2: ["b11434-np1"], 4: ["b11434-np4-busy-a", "b11434-np4-busy-b", "b11434-np1"],
              16: sorted(by_name)[:15]}
+    if tried.uniform is not None:  # a group deployed alike runs one build
+        pools[16] = sorted(n for n, p in by_name.items() if p.build == "b11434")[:15]
     lines = ["| change | group of 2 | group of 4 (two busy -np 4) | group of 16 | within 10 answers (of 4) | group of "
              "4: answers until its ticket |", "|---|---|---|---|---|---|"]
     kinds: dict[str, list[Process]] = {}
@@ -320,7 +368,7 @@ def power(changed: list[Process], null: list[Process], prompts: Sequence[int], a
             for m in members:
                 states: dict[str, list[bool]] = {}
                 found.append(run([*healthy, m], [p for p in prompts if p in m.answers], watched=m.name,
-                                 states=states, floor=floor, shape=shape)[1])
+                                 states=states, tried=tried)[1])
                 fired = alert.tickets([states.get(m.name, [])])
                 tickets.append(fired[0] + 1 if fired else None)
             cells.append(f"{_spread(found)} ({len(found)} seeds)")
@@ -345,6 +393,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--floor", type=float,
                         help="score against this noise floor instead of the shipped core.evidence.FLOOR (nats a "
                              "token): how the floor was chosen, on a tuning recording")
+    parser.add_argument("--uniform", nargs="?", const="shipped", metavar="FLOOR",
+                        help="groups declared deployed alike (peer_uniform): the healthy are the members deployed as "
+                             "the plain replica is (f16 KV cache, no drafting), dealt into groups of one build, held to "
+                             f"the shipped core.evidence.UNIFORM_FLOOR ({UNIFORM_FLOOR:g}) or to FLOOR where given; the "
+                             "q8_0 KV cache replica is then one that differs")
     parser.add_argument("--allowance", type=float, help="what each answer takes off the sum, in noise (the shipped "
                         f"{SHIPPED.allowance:g} unless given): how the test's shape was chosen, on a tuning recording")
     parser.add_argument("--cap", type=float, help=f"the most one answer adds, in noise (the shipped {SHIPPED.cap:g})")
@@ -357,6 +410,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = FLOOR if args.floor is None else args.floor
     if not 0.0 < floor < 10.0:
         parser.error(f"--floor {args.floor}: a noise floor is a positive number of nats a token, under 10")
+    try:
+        uniform = UNIFORM_FLOOR if args.uniform == "shipped" else None if args.uniform is None else float(args.uniform)
+    except ValueError:
+        parser.error(f"--uniform {args.uniform}: a noise floor is a number of nats a token (or none: the shipped one)")
+    if uniform is not None and not 0.0 < uniform < 10.0:
+        parser.error(f"--uniform {args.uniform}: a noise floor is a positive number of nats a token, under 10")
     tried = {"allowance": args.allowance, "cap": args.cap, "threshold": args.threshold}
     shape = replace(SHIPPED, **{name: value for name, value in tried.items() if value is not None})
     if not 0.0 < shape.allowance < shape.cap:
@@ -375,20 +434,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"cannot read the recording {args.recording}: {err}")
     null = processes(headers, answers, "null")
     changed = processes(headers, answers, "changed")
+    if uniform is not None:
+        # Declared alike: the healthy are those deployed as the plain replica is; one of its build deployed otherwise
+        # (a q8_0 KV cache) is what such a group reports.
+        changed += [p for p in null if not p.alike and p.build == "b11434" and "draft" not in p.name
+                    and p.name.endswith("#0")]
+        null = [p for p in null if p.alike]
     if not null:
         parser.error(f"{args.recording} has no healthy member: record some with bench.peer_record --members null")
     order = sorted({p for m in null for p in m.answers})
     print(f"{args.recording}: {len(null)} healthy processes, {len(changed)} changed members, prompts "
           f"{run_line.get('prompts')} (changed {run_line.get('changed_prompts')}), seeds {run_line.get('seeds')}, "
-          f"noise floor {floor}{'' if args.floor is None else ' (--floor)'}, allowance {shape.allowance:g}, cap "
-          f"{shape.cap:g}, threshold {shape.threshold:g}{'' if shape == SHIPPED else ' (tried)'}")
+          f"noise floor {floor}{'' if args.floor is None else ' (--floor)'}"
+          f"{'' if uniform is None else f', deployed alike: floor {uniform:g} while one build answers'}, allowance "
+          f"{shape.allowance:g}, cap {shape.cap:g}, threshold {shape.threshold:g}{'' if shape == SHIPPED else ' (tried)'}")
+    test = Tried(floor, uniform, shape)
     print("\nFalse decisions of healthy groups (each answer counted once):\n")
-    print("\n".join(null_rates(null, order, alerts, args.rounds, floor=floor, shape=shape)))
+    print("\n".join(null_rates(null, order, alerts, args.rounds, tried=test)))
     if changed:
         print("\nAnswers until a changed member is reported (its answers, in order), and until its ticket fires "
               f"({alerts[0].text}):\n")
         asked = sorted({p for m in changed for p in m.answers})
-        print("\n".join(power(changed, null, asked, alerts[0], floor=floor, shape=shape)))
+        print("\n".join(power(changed, null, asked, alerts[0], tried=test)))
     return 0
 
 

@@ -76,7 +76,7 @@ def _recording(path: Path, apart: float, prompts: int = 40) -> Path:
 
     lines = [{"kind": "run", "prompts": [0, prompts], "changed_prompts": [0, 0], "seeds": []}]
     for name, shift in (("plain", 0.0), ("other", apart)):
-        lines.append({"kind": "member", "member": name, "group": "null", "config": {"parallel": 1}})
+        lines.append({"kind": "member", "member": name, "group": "null", "config": {"parallel": 1, "build": "b11434"}})
         for take in (0, 1):
             for prompt in range(prompts):
                 tokens = [[t, -0.5 - shift, [[t, -0.5 - shift], [" else", -2.5 - shift]]] for t in (" a", " b", " c")]
@@ -111,6 +111,14 @@ def test_the_peer_power_bench_scores_against_the_floor_it_is_given(tmp_path: Pat
     refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--floor", "0"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert refused.returncode == 2 and "--floor 0.0: a noise floor is a positive number" in refused.stderr
+    # Declared deployed alike: 0.09 a value is 0.9 of the floor (never), 1.5 of a uniform floor of 0.06 (decided).
+    recording = _recording(tmp_path / "alike.jsonl.gz", apart=0.09)
+    assert decisions()[1] == 0
+    alike = decisions("--uniform", "0.06")
+    assert "deployed alike: floor 0.06 while one build answers" in alike[0] and alike[1] == 4
+    refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--uniform",
+                              "tight"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "--uniform tight: a noise floor is a number of nats" in refused.stderr
     refused = subprocess.run([sys.executable, "-m", "bench.peer_power", "--recording", str(recording), "--rounds", "0"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert refused.returncode == 2 and "--rounds 0: the resampled null needs 100 rounds at least" in refused.stderr
