@@ -26,6 +26,9 @@ AGREEING = ("plain", "busy", "drafting", "renamed", "other-build")
 DIFFERING = ("changed", "synthetic")
 CHANGE = 0.1
 """How much the changed replica's norm weights are scaled (gemma.changed_weights' eps)."""
+SLIGHT = ("norms", 0.017, 1)
+"""A weight change worth about 0.03 nats to an eval (bench.peer_record's EPS at tuning seed 1): told apart within 10
+answers only where the replicas are declared deployed alike."""
 SYNTHETIC_DRAFT = 0.5
 """How much the synthetic-acceptance replica's draft has its norm weights scaled."""
 
@@ -53,6 +56,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory, fixed_llama_binary: Path) -> 
         # Synthetic acceptance of a draft far from the model (its norms scaled by 1 + 0.5 N(0, 1)), so that its text
         # parts from the group's within a few rounds. With the Q4_0 draft it took a median of 16 answers held out
         # (bench/README.md), over the 480 s this test can wait at a round every 20 s.
+        "slight": (gemma.changed(*SLIGHT, source=source), (), 1, {}),
         "synthetic": (source, ("-md", str(gemma.changed_weights(source, work / "synthetic-draft", SYNTHETIC_DRAFT)),
                                "--spec-type", "draft-simple", "--spec-synth-len", "4"), 1, {}),
     }
@@ -70,7 +74,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory, fixed_llama_binary: Path) -> 
 def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching_and_deployment(
         pool: dict[str, LlamaServer], tmp_path: Path) -> None:
     config = tmp_path / "specwatch.yml"
-    lines = [f"  - {{name: {name}, url: '{server.url}', labels: {{pool: eval}}}}" for name, server in pool.items()]
+    lines = [f"  - {{name: {name}, url: '{pool[name].url}', labels: {{pool: eval}}}}" for name in (*AGREEING, *DIFFERING)]
     # One peer-probe round a canary_interval, and the canary's timeout is capped by it: on two cores shared with the
     # other tests, the busy replica's canary, batched with three other requests, took over 10 s in CI (at a 10 s
     # interval), and the gate rightly called that replica unchecked. At 20 s it has twice that.
@@ -84,7 +88,7 @@ def test_the_daemon_tells_a_weight_change_and_synthetic_acceptance_from_batching
         def settled() -> dict | None:
             samples = scrape(metrics)
             agreement = {name: find(samples, "specwatch_peer_agreement", server=name, peer_group=gemma.ALIAS)
-                         for name in pool}
+                         for name in (*AGREEING, *DIFFERING)}
             seen.append(agreement)
             expected = {**dict.fromkeys(AGREEING, 1.0), **dict.fromkeys(DIFFERING, 0.0)}
             return agreement if agreement == expected else None
@@ -133,6 +137,19 @@ def test_check_compares_the_replicas_it_is_given(pool: dict[str, LlamaServer]) -
                               "--endpoint", "completion")
     assert code == 1 and report["disagreeing"] == [pool["changed"].url], report["summary"]
     assert report["peers"][pool["changed"].url]["kind"] == "answers"
+
+
+def test_check_uniform_tells_a_slight_weight_change_from_batching(pool: dict[str, LlamaServer]) -> None:
+    # Declared deployed alike (one build, f16 cache; one and four slots), the lower floor holds the healthy pair
+    # together and tells the replica whose norms moved the eval by about 0.03 nats within check's 16 rounds.
+    code, report = check_json(pool["plain"].url, pool["busy"].url, pool["renamed"].url, "--uniform", "--tokens", "8",
+                              "--endpoint", "completion")
+    assert (code, report["disagreeing"], report["undecided"]) == (0, [], []), report["summary"]
+    assert "times the noise (0.070)" in report["peers"][pool["busy"].url]["detail"]
+    code, report = check_json(pool["plain"].url, pool["busy"].url, pool["slight"].url, "--uniform", "--tokens", "8",
+                              "--endpoint", "completion")
+    assert code == 1 and report["disagreeing"] == [pool["slight"].url], report["summary"]
+    assert report["peers"][pool["slight"].url]["kind"] == "answers"
 
 
 def test_behind_a_balancer_the_eval_reads_whichever_replica_and_check_never_calls_the_pool_clean(
