@@ -109,11 +109,11 @@ async def test_series_per_server(make_watcher) -> None:
     series = {name: sum(1 for line in text.splitlines() if line.startswith("specwatch_") and f'server="{name}"' in line)
               for name in fakes}
     # Per server: 10 poll series, 8 per canaried endpoint (9 with draft counts; one of them, specwatch_canary_checked,
-    # is there before the first canary too), 4 verdicts, 5 other canary series and 8 of peers (both report tiny.gguf, so
-    # they are one group: its fingerprint, agreement, evidence, noise, noisy flag and missed rounds, and its peer
-    # probes by outcome; failures by reason only once one failed).
+    # is there before the first canary too), 4 verdicts, 5 other canary series and 9 of peers (both report tiny.gguf, so
+    # they are one group: its fingerprint, agreement, evidence, noise, noisy flag, floor and missed rounds, and its
+    # peer probes by outcome; failures by reason only once one failed).
     endpoints = len(Endpoint)
-    assert series == {"plain": 10 + 8 * endpoints + 4 + 5 + 8, "draft": 10 + 9 * endpoints + 4 + 5 + 8}
+    assert series == {"plain": 10 + 8 * endpoints + 4 + 5 + 9, "draft": 10 + 9 * endpoints + 4 + 5 + 9}
 
 
 @pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import structlog
 
-from specwatch.core.evidence import FLOOR, MISSED
+from specwatch.core.evidence import ALLOWANCE, FLOOR, MISSED, UNIFORM_FLOOR
 from specwatch.core.peers import Comparing
 from specwatch.core.state import Fleet
 from specwatch.daemon.api import Selection, verdicts
@@ -204,6 +204,24 @@ async def test_a_difference_below_the_margin_agrees(watcher_of: Build, clock: Fa
     watcher = watcher_of(_pool(token_probability=0.699))  # 0.0014 a token: no eval's number moves
     await _rounds(watcher, clock, times=4)
     assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "c": True}
+
+
+async def test_a_group_declared_deployed_alike_is_held_to_its_floor_while_one_build_answers(watcher_of: Build,
+                                                                                              clock: FakeClock) -> None:
+    slight = 0.633  # log 0.7 - log 0.633 = 0.1006 a token: under the allowance at FLOOR, over it at UNIFORM_FLOOR
+    assert 0.1006 / FLOOR < ALLOWANCE < 0.1006 / UNIFORM_FLOOR
+    alike = watcher_of(_pool(token_probability=slight), peer_uniform=["tiny"])
+    mixed = watcher_of(_pool(token_probability=slight, build_info="b9-other"), peer_uniform=["tiny"])
+    undeclared = watcher_of(_pool(token_probability=slight))
+    for watcher in (alike, mixed, undeclared):
+        await _rounds(watcher, clock, times=10)
+    assert _document(alike, clock)["c"]["agreement"] is False
+    assert f"times the noise ({UNIFORM_FLOOR:.3f})" in _document(alike, clock)["c"]["detail"]
+    assert value(_text(alike), "specwatch_peer_floor_nats", server="a", peer_group="tiny") == UNIFORM_FLOOR
+    # A rollout (another build answering) or no declaration: the usual floor, under which it agrees.
+    for watcher in (mixed, undeclared):
+        assert {k: p["agreement"] for k, p in _document(watcher, clock).items()} == {"a": True, "b": True, "c": True}
+        assert value(_text(watcher), "specwatch_peer_floor_nats", server="c", peer_group="tiny") == FLOOR
 
 
 async def test_a_speculating_replica_is_held_to_its_plain_peers_texts(watcher_of: Build, clock: FakeClock) -> None:

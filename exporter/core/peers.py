@@ -111,6 +111,9 @@ class Comparison(Generic[K]):
     """How its deployment differs from the group's (build, file name): shown, never counted."""
     noisy: bool = False
     """Its own noise stands NOISY times or more over its group's: reported, and never raising the bar it is held to."""
+    floor: float | None = None
+    """The least noise its last counted round was scored at: FLOOR, or a group's uniform floor while one build
+    answered; None before a round of its was counted."""
 
 
 @dataclass(frozen=True)
@@ -292,12 +295,14 @@ class Comparing(Generic[K]):
         self._fresh = Cusum(shape=shape)
         self._said: dict[K, str] = {}
         self._noisy: dict[K, bool] = {}
+        self._floors: dict[K, float] = {}
 
     def forget(self, member: K) -> None:
         """A member left, or its process changed: its evidence is its old process's."""
         self.evidence.pop(member, None)
         self._said.pop(member, None)
         self._noisy.pop(member, None)
+        self._floors.pop(member, None)
 
     def count(self, peers: Mapping[K, Peer], before: int) -> int:
         """Count, in order, every round some member answered and none counted yet that is over: every member answering
@@ -323,8 +328,9 @@ class Comparing(Generic[K]):
             return  # a round the reference did not record says nothing against it
         if not answers:
             return
+        floor = self.floor_among(answering.values())
         scored = score_round(answers, {k: p.noise for k, p in answering.items()}, seed=question, reference=reference,
-                             floor=self.floor_among(answering.values()))
+                             floor=floor)
         against = "the reference" if reference is not None else "its group"
         for k in answering:
             before = self.evidence.get(k, self._fresh)
@@ -337,6 +343,7 @@ class Comparing(Generic[K]):
                 continue
             self.evidence[k] = before.after(found.score)
             self._noisy[k] = found.noisy
+            self._floors[k] = floor
             parting = f", parting at token {found.parted}" if found.parted is not None else ""
             self._said[k] = (f"round {question}: {found.distance:.3f} nats from {against}{parting}, "
                              f"{found.score:.1f} times the noise ({found.noise:.3f})")
@@ -364,6 +371,7 @@ class Comparing(Generic[K]):
             deployment = shown[k].detail if k in shown else ""
             evidence = self.evidence.get(k, self._fresh)
             noisy = self._noisy.get(k, False)
+            floor = self._floors.get(k)
             said = self._said.get(k, "")
             if k in found:
                 results[k] = Comparison(False, FINGERPRINT, _sorted(found[k].against), evidence, found[k].detail,
@@ -373,15 +381,16 @@ class Comparing(Generic[K]):
             elif k in differ:
                 # Held against the members that agree; in a group without a majority, against every other one.
                 against = agree or (compared - {k})
-                results[k] = Comparison(False, ANSWERS, _sorted(against), evidence, said, deployment, noisy)
+                results[k] = Comparison(False, ANSWERS, _sorted(against), evidence, said, deployment, noisy, floor)
             elif evidence.answers == 0:
                 results[k] = Comparison(None, evidence=evidence, detail="no answer counted yet", deployment=deployment)
             elif evidence.lapsed:
-                results[k] = Comparison(None, evidence=evidence, deployment=deployment, noisy=noisy,
+                results[k] = Comparison(None, evidence=evidence, deployment=deployment, noisy=noisy, floor=floor,
                                         detail=f"unknown: it did not answer the last {evidence.missed} rounds its "
                                                f"group answered")
             else:
-                results[k] = Comparison(True, evidence=evidence, detail=said, deployment=deployment, noisy=noisy)
+                results[k] = Comparison(True, evidence=evidence, detail=said, deployment=deployment, noisy=noisy,
+                                        floor=floor)
         return Judgement(results)
 
 

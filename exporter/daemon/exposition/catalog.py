@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...core.evidence import FLOOR, UNIFORM_FLOOR
+
 
 @dataclass(frozen=True)
 class Family:
@@ -85,6 +87,10 @@ SERVER: tuple[Family, ...] = (
     Family("specwatch_peer_noisy", "gauge", ("peer_group",),
            "1 when the model's own noise stands 4 times or more over its peer group's (it is held to no more than "
            "that), 0 otherwise; absent while nothing was compared."),
+    Family("specwatch_peer_floor_nats", "gauge", ("peer_group",),
+           f"The least noise, in nats per token compared, the model's last counted round was scored at: {FLOOR:.2f}, or "
+           f"{UNIFORM_FLOOR:.2f} in a group declared deployed alike (peer_uniform) while every member reports one build; "
+           "absent while nothing was compared."),
     Family("specwatch_peer_missed_rounds", "gauge", ("peer_group",),
            "Peer-probe rounds in a row its group answered and the model did not: from 3 its agreement is unknown "
            "(specwatch_peer_agreement absent), never \"agrees\"; absent while nothing was compared."),

@@ -160,6 +160,8 @@ def peer_samples(out: Sink, server: ServerState) -> None:
         if comparison.evidence.answers:
             out.add("specwatch_peer_evidence", where, round(comparison.evidence.share, 4))
             out.add("specwatch_peer_noisy", where, int(comparison.noisy))
+            if comparison.floor is not None:
+                out.add("specwatch_peer_floor_nats", where, comparison.floor)
             out.add("specwatch_peer_missed_rounds", where, comparison.evidence.missed)
 
 
@@ -257,6 +259,6 @@ GROUPS: tuple[Group, ...] = (
     Group(verdict_samples, _verdict_key, ("specwatch_verdict",)),
     Group(peer_samples, _peers_key,
           ("specwatch_model_fingerprint_info", "specwatch_peer_agreement", "specwatch_peer_evidence",
-           "specwatch_peer_noise_nats", "specwatch_peer_noisy", "specwatch_peer_missed_rounds", "specwatch_peer_probes",
-           "specwatch_peer_probe_failures")),
+           "specwatch_peer_noise_nats", "specwatch_peer_noisy", "specwatch_peer_floor_nats", "specwatch_peer_missed_rounds",
+           "specwatch_peer_probes", "specwatch_peer_probe_failures")),
 )
