@@ -141,7 +141,7 @@ BAD_CONFIGS = [
     ("servers:\n  - {name: a, url: 'http://h:1'}\npeer_uniform: ['']\n",
      "peer_uniform: a peer group's name is not empty: list the groups as peer_group or the model name names them, e.g. "
      "peer_uniform: [gemma]"),
-    ("servers:\n  - {name: a, url: 'http://h:1'}\npeer_uniform: gemma\n", "peer_uniform: Input should be a valid list"),
+    ("servers:\n  - {name: a, url: 'http://h:1'}\npeer_uniform: gemma\n", "peer_uniform: a list of peer groups, e.g. peer_uniform: [gemma]"),
 ]
 
 

@@ -216,6 +216,13 @@ class Settings(BaseModel):
             raise ValueError("at least one canary endpoint is required")
         return list(dict.fromkeys(endpoints))
 
+    @field_validator("peer_uniform", mode="before")
+    @classmethod
+    def _uniform_is_a_list(cls, groups: Any) -> Any:
+        if isinstance(groups, str):
+            raise ValueError(f"a list of peer groups, e.g. peer_uniform: [{groups}]")
+        return groups
+
     @field_validator("peer_uniform")
     @classmethod
     def _check_uniform(cls, groups: list[str]) -> list[str]:
