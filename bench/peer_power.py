@@ -18,6 +18,8 @@ Every answer goes through specwatch's own test (core.peers.Comparing), one pool 
   group with healthy members of the recording (for 4: the two busy four-slot ones and a plain one), asked its prompts in
   order: the answers until it is reported, as a median and range over seeds per kind and size, the share reported
   within 10, and the answers until its ticket fires.
+- --uniform: the same for groups declared deployed alike (peer_uniform), whose healthy members are those deployed as the
+  plain replica is, in groups of one build; the q8_0 KV cache replica is then one to report.
 
 A member's own noise (what copies asked at once part by, under its load) is not in the recording: a four-slot member is
 given the running mean of how far its two takes of a prompt parted (minutes apart: an upper bound of its batching
@@ -25,6 +27,7 @@ noise), a one-slot member none.
 
     python -m bench.peer_power --recording held.jsonl.gz
     python -m bench.peer_power --recording tune.jsonl.gz --floor 0.09 --allowance 1.1 --cap 1.6 --threshold 2
+    python -m bench.peer_power --recording held.jsonl.gz --uniform
 """
 
 from __future__ import annotations
