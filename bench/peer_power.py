@@ -121,7 +121,8 @@ class Tried:
     shape: Shape = SHIPPED
 
     def comparing(self) -> Comparing[str]:
-        return Comparing(floor=self.floor, uniform=self.uniform, shape=self.shape)
+        return Comparing(floor=self.floor, uniform=self.uniform is not None,
+                         uniform_floor=UNIFORM_FLOOR if self.uniform is None else self.uniform, shape=self.shape)
 
 
 def run(members: Sequence[Process], prompts: Sequence[int], watched: str | None = None,

@@ -307,7 +307,7 @@ SLIGHT = FLOOR * ALLOWANCE * 0.95
 """A member this far off (nats a token) never adds to its sum at FLOOR; at UNIFORM_FLOOR every answer adds."""
 
 
-def _slightly_off(uniform: float | None, prints: tuple[Fingerprint, ...] = (Q4KM,) * 4,
+def _slightly_off(uniform: bool, prints: tuple[Fingerprint, ...] = (Q4KM,) * 4,
                   reference: Reference | None = None) -> tuple[Comparing[str], Judgement[str]]:
     rounds = 40
     peers = group(answer(), answer(tuple(v - SLIGHT for v in VALUES)), answer(), answer(), fingerprints=prints,
@@ -319,7 +319,7 @@ def _slightly_off(uniform: float | None, prints: tuple[Fingerprint, ...] = (Q4KM
 
 def test_a_group_deployed_alike_is_held_to_the_uniform_floor_while_one_build_answers() -> None:
     assert SLIGHT / UNIFORM_FLOOR > ALLOWANCE  # the uniform floor is what tells this member apart
-    test, judgement = _slightly_off(UNIFORM_FLOOR)
+    test, judgement = _slightly_off(True)
     assert judgement.members["r1"].agreement is False and judgement.members["r1"].kind == ANSWERS
     assert f"times the noise ({UNIFORM_FLOOR:.3f})" in judgement.members["r1"].detail
     assert all(judgement.members[k].agreement is True for k in ("r0", "r2", "r3"))
@@ -327,19 +327,19 @@ def test_a_group_deployed_alike_is_held_to_the_uniform_floor_while_one_build_ans
     step = min(SLIGHT / UNIFORM_FLOOR, CAP) - ALLOWANCE
     assert test.evidence["r1"].answers >= math.ceil(THRESHOLD / step)
     # Not declared alike: the same member never adds to its sum.
-    test, judgement = _slightly_off(None)
+    test, judgement = _slightly_off(False)
     assert judgement.members["r1"].agreement is True and test.evidence["r1"].total == 0.0
 
 
 def test_a_group_deployed_alike_goes_back_to_the_floor_during_a_rollout_or_against_a_reference() -> None:
     upgraded = Fingerprint(**{**vars(Q4KM), "build": "b2"})
-    test, judgement = _slightly_off(UNIFORM_FLOOR, (Q4KM, Q4KM, upgraded, Q4KM))
+    test, judgement = _slightly_off(True, (Q4KM, Q4KM, upgraded, Q4KM))
     assert judgement.members["r1"].agreement is True and test.evidence["r1"].total == 0.0
     assert test.floor_among([Peer(Q4KM, {}), Peer(upgraded, {})]) == FLOOR
     unknown = Fingerprint(**{**vars(Q4KM), "build": ""})  # a build not reported is no proof of one build
     assert test.floor_among([Peer(unknown, {}), Peer(unknown, {})]) == FLOOR
     assert test.floor_among([Peer(Q4KM, {}), Peer(Q4KM, {})]) == UNIFORM_FLOOR
-    referenced: Comparing[str] = Comparing(Reference({0: answer()}), uniform=UNIFORM_FLOOR)
+    referenced: Comparing[str] = Comparing(Reference({0: answer()}), uniform=True)
     assert referenced.floor_among([Peer(Q4KM, {}), Peer(Q4KM, {})]) == FLOOR
 
 

@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 from ..probe.llama import META_FIELDS
 from ..probe.logprobs import Logprobs
 from ..probe.peerprobe import prompt
-from .evidence import FLOOR, NOISY, SHIPPED, Cusum, Difference, Shape, difference
+from .evidence import FLOOR, NOISY, SHIPPED, UNIFORM_FLOOR, Cusum, Difference, Shape, difference
 
 OPT_OUT = "none"
 """The `peer_group` that takes a server out of every comparison."""
@@ -278,13 +278,15 @@ class Comparing(Generic[K]):
     """One group's test across rounds, the daemon's and check's alike: each round counted once, each member's evidence."""
 
     def __init__(self, reference: Reference | None = None, *, salt: int | None = None, floor: float = FLOOR,
-                 uniform: float | None = None, shape: Shape = SHIPPED) -> None:
+                 uniform: bool = False, uniform_floor: float = UNIFORM_FLOOR, shape: Shape = SHIPPED) -> None:
         self.reference = reference
         self.floor = floor
         """The least noise a member is scored against (core.evidence.FLOOR unless a bench tries another)."""
         self.uniform = uniform
-        """The floor instead while every member answering reports one build, in a group declared deployed alike
-        (core.evidence.UNIFORM_FLOOR, or a bench's try); None: it is not declared so."""
+        """The group is declared deployed alike (peer_uniform, check --uniform)."""
+        self.uniform_floor = uniform_floor
+        """Its floor then, while every member answering reports one build (core.evidence.UNIFORM_FLOOR unless a bench
+        tries another)."""
         self.shape = shape
         """The sequential test's constants (core.evidence.SHIPPED unless a bench tries another)."""
         self.salt = salt
@@ -352,10 +354,10 @@ class Comparing(Generic[K]):
         """The floor a round is scored at: the uniform one where the group is declared deployed alike, is held to no
         reference file (whose deployment nobody declared) and every member reports one build; FLOOR's otherwise, a
         rolling upgrade's builds answering as far apart as any deployments do."""
-        if self.uniform is None or self.reference is not None:
+        if not self.uniform or self.reference is not None:
             return self.floor
         builds = {p.fingerprint.build for p in answering if p.fingerprint is not None}
-        return self.uniform if len(builds) == 1 and "" not in builds else self.floor
+        return self.uniform_floor if len(builds) == 1 and "" not in builds else self.floor
 
     def judge(self, peers: Mapping[K, Peer]) -> Judgement[K]:
         """Each member's standing now: the file's content first, then the evidence its answers gave."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..core.evidence import MISSED, UNIFORM_FLOOR
+from ..core.evidence import MISSED
 from ..core.peers import OPT_OUT, Comparing, Comparison, Peer, Reference, Standing, asked, member_name
 from ..core.state import Fleet, ModelState
 from ..probe.llama import Props
@@ -195,8 +195,7 @@ class PeerBoard:
     def _compare(self, group: str, members: set[Member]) -> None:
         test = self._tests.get(group)
         if test is None:
-            test = self._tests[group] = Comparing(self.references.get(group),
-                                                  uniform=UNIFORM_FLOOR if group in self.uniform else None)
+            test = self._tests[group] = Comparing(self.references.get(group), uniform=group in self.uniform)
         peers: dict[str, Peer] = {}
         names: dict[str, Member] = {}
         before: dict[Member, Standing | None] = {}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.evidence import UNIFORM_FLOOR, Cusum
+from ..core.evidence import Cusum
 from ..core.peers import Comparing, Judgement, Peer, Reference, Standing, asked, member_name
 from ..core.report import PeersEntry, peers_entry
 from ..core.runner import Runner
@@ -72,8 +72,8 @@ async def run_checks(servers: list[ServerConfig], *, endpoints: list[Endpoint], 
                      load: bool = False, spelling: Spelling = CHECK, reference: Reference | None = None,
                      uniform: bool = False) -> ChecksReport:
     """Check every server, then compare the models that report one name, as the daemon compares a peer group (and each
-    of them with `reference`, where given: a model alone is compared then too; at UNIFORM_FLOOR where declared
-    `uniform`, as a peer_uniform group is)."""
+    of them with `reference`, where given: a model alone is compared then too; as a peer_uniform group where declared
+    `uniform`)."""
     reports: list[CheckReport] = []
     groups: dict[str, dict[str, _Member]] = {}
     for server in servers:
@@ -114,7 +114,7 @@ async def _decided(members: dict[str, _Member], fetcher: Fetcher, reference: Ref
                    uniform: bool = False) -> Judgement[str]:
     """Ask the group's members the peer probe, one prompt a round (one the reference recorded, if held to one), until
     the test settles each of them, or ROUNDS."""
-    test: Comparing[str] = Comparing(reference, uniform=UNIFORM_FLOOR if uniform else None)
+    test: Comparing[str] = Comparing(reference, uniform=uniform)
     judgement: Judgement[str] = Judgement({})
     for question in range(ROUNDS):
         questions = [(question, asked(question, reference))]
